@@ -1,0 +1,162 @@
+"""The one error tree of k8s-bridge.
+
+Every transport translates its own failures into these at its boundary (the
+way httpx does), so callers catch ``KubeError`` or ``SinkError`` and never an
+aiohttp, nats or aiokafka exception.
+
+    BridgeError
+    ├── ConfigError                 bad settings; names the key
+    ├── KubeError                   anything from talking to Kubernetes
+    │   ├── KubeConnectionError     could not reach the API server / stream broke
+    │   ├── WatchStalledError       a watch delivered no bytes for too long
+    │   ├── ApiStatusError          the server answered with a Status (code, reason)
+    │   │   ├── BadRequestError         400
+    │   │   ├── UnauthorizedError       401
+    │   │   ├── ForbiddenError          403
+    │   │   ├── NotFoundError           404
+    │   │   ├── ConflictError           409 (Conflict / AlreadyExists)
+    │   │   ├── ExpiredError            410 (Gone / Expired: RV compacted)
+    │   │   ├── TooManyRequestsError    429 (retry_after)
+    │   │   ├── ServerError             5xx
+    │   │   └── TooLargeResourceVersionError  504 ResourceVersionTooLarge
+    │   └── DiscoveryError          the API does not serve what was asked
+    │       └── UnknownKindError    apiVersion+kind not served
+    ├── SinkError                   publishing to the bus failed
+    │   └── SinkUnavailableError    the bus cannot be reached right now
+    └── CheckpointError             the checkpoint store failed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BridgeError(Exception):
+    """Base of every error k8s-bridge raises on purpose."""
+
+
+class ConfigError(BridgeError):
+    """Settings are invalid. The message names the key and the bad value."""
+
+
+class KubeError(BridgeError):
+    """Talking to the Kubernetes API failed."""
+
+
+class KubeConnectionError(KubeError):
+    """The API server could not be reached, or a stream from it broke."""
+
+
+class WatchStalledError(KubeConnectionError):
+    """A watch delivered neither events nor bookmarks for too long."""
+
+
+class ApiStatusError(KubeError):
+    """The API server answered with an error ``Status``."""
+
+    code: int = 0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        reason: str = "",
+        status: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.reason = reason
+        self.status: dict[str, Any] = status or {}
+        self.retry_after = retry_after
+
+
+class BadRequestError(ApiStatusError):
+    code = 400
+
+
+class UnauthorizedError(ApiStatusError):
+    code = 401
+
+
+class ForbiddenError(ApiStatusError):
+    code = 403
+
+
+class NotFoundError(ApiStatusError):
+    code = 404
+
+
+class ConflictError(ApiStatusError):
+    code = 409
+
+
+class ExpiredError(ApiStatusError):
+    """410: the requested resourceVersion (or continue token) is no longer available."""
+
+    code = 410
+
+
+class TooManyRequestsError(ApiStatusError):
+    code = 429
+
+
+class ServerError(ApiStatusError):
+    code = 500
+
+
+class TooLargeResourceVersionError(ServerError):
+    """504 ResourceVersionTooLarge: the server has not caught up with the asked RV."""
+
+    code = 504
+
+
+class DiscoveryError(KubeError):
+    """The API does not serve what was asked for."""
+
+
+class UnknownKindError(DiscoveryError):
+    """No served resource matches the apiVersion and kind."""
+
+
+class SinkError(BridgeError):
+    """Publishing to the message bus failed."""
+
+
+class SinkUnavailableError(SinkError):
+    """The bus cannot be reached right now; retry later, do not advance checkpoints."""
+
+
+class CheckpointError(BridgeError):
+    """Reading or writing a checkpoint failed."""
+
+
+_BY_CODE: dict[int, type[ApiStatusError]] = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    410: ExpiredError,
+    429: TooManyRequestsError,
+    504: TooLargeResourceVersionError,
+}
+
+
+def status_error(
+    status: dict[str, Any], *, http_code: int | None = None, retry_after: float | None = None
+) -> ApiStatusError:
+    """Build the right ``ApiStatusError`` from a Kubernetes ``Status`` object."""
+    code = int(status.get("code") or http_code or 500)
+    reason = str(status.get("reason") or "")
+    message = str(status.get("message") or reason or f"HTTP {code}")
+    if retry_after is None:
+        details = status.get("details") or {}
+        if isinstance(details, dict) and details.get("retryAfterSeconds") is not None:
+            retry_after = float(details["retryAfterSeconds"])
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = ServerError if code >= 500 else ApiStatusError
+    return cls(message, code=code, reason=reason, status=status, retry_after=retry_after)

@@ -1,0 +1,1 @@
+"""Talking to Kubernetes: the asyncio equivalents of client-go's ``tools/cache``."""

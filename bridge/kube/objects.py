@@ -1,0 +1,84 @@
+"""Raw Kubernetes payloads as they travel through the bridge.
+
+Objects stay the plain dicts orjson decoded: building kubernetes-asyncio model
+objects costs 10-50x the parse. TypedDicts describe the envelopes the bridge
+itself reads (watch events, lists, Status); objects are ``RawObject``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
+
+RawObject = dict[str, Any]
+
+WatchEventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
+
+INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
+
+
+class WatchEvent(TypedDict):
+    """One line of a watch stream."""
+
+    type: str
+    object: RawObject
+
+
+class ListMeta(TypedDict, total=False):
+    resourceVersion: str
+    # "continue" is a Python keyword: read it with meta.get("continue").
+    remainingItemCount: int
+
+
+class ListResponse(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: dict[str, Any]
+    items: list[RawObject]
+
+
+class Status(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    status: str
+    message: str
+    reason: str
+    code: int
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedFinalStateUnknown:
+    """client-go's tombstone: the key vanished in a relist; ``obj`` is the last state known.
+
+    ``obj`` may be None when nothing was known of the object.
+    """
+
+    key: str
+    obj: RawObject | None
+
+
+def meta(obj: RawObject) -> dict[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, dict) else {}
+
+
+def namespace_key(obj: RawObject | DeletedFinalStateUnknown) -> str:
+    """client-go's ``MetaNamespaceKeyFunc``: ``namespace/name``, or ``name`` if cluster-scoped.
+
+    A tombstone's key is its own.
+    """
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return obj.key
+    m = meta(obj)
+    ns = m.get("namespace")
+    name = m.get("name", "")
+    return f"{ns}/{name}" if ns else str(name)
+
+
+def resource_version(obj: RawObject) -> str:
+    return str(meta(obj).get("resourceVersion", ""))
+
+
+def uid(obj: RawObject) -> str:
+    return str(meta(obj).get("uid", ""))

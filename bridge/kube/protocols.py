@@ -1,0 +1,67 @@
+"""The seams of the informer machinery.
+
+``ListerWatcher`` is what a Reflector reads from (the API server, or a test
+double); ``ReflectorStore`` is what it writes into (a FIFO). The methods of the
+store are coroutines so that a full queue can make the reflector wait: that
+is how backpressure from a slow sink reaches the watch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from bridge.kube.objects import ListResponse, RawObject, WatchEvent
+
+
+@dataclass(frozen=True, slots=True)
+class ListOptions:
+    resource_version: str | None = None
+    resource_version_match: str | None = None  # "Exact" | "NotOlderThan" | None
+    limit: int | None = None
+    continue_token: str | None = None
+    timeout_seconds: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    resource_version: str | None = None
+    timeout_seconds: int | None = None
+    allow_watch_bookmarks: bool = True
+    send_initial_events: bool | None = None
+    resource_version_match: str | None = None
+
+
+class ListerWatcher(Protocol):
+    """client-go's ListerWatcher for one resource in one scope (cluster or namespace)."""
+
+    async def list(self, options: ListOptions) -> ListResponse:
+        """One LIST request (one page when ``limit`` is set). Raises ``KubeError``."""
+        ...
+
+    def watch(
+        self, options: WatchOptions
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Open a WATCH; the context yields decoded events until the server closes.
+
+        Opening raises ``ApiStatusError`` for an HTTP error status; iteration raises
+        ``KubeConnectionError`` if the stream breaks. ERROR events are yielded as
+        they came (the reflector translates them).
+        """
+        ...
+
+
+class ReflectorStore(Protocol):
+    """What a Reflector writes into: client-go's ``Store`` as seen by the reflector."""
+
+    async def add(self, obj: RawObject) -> None: ...
+
+    async def update(self, obj: RawObject) -> None: ...
+
+    async def delete(self, obj: RawObject) -> None: ...
+
+    async def replace(self, items: list[RawObject], resource_version: str) -> None: ...
+
+    async def resync(self) -> None: ...
