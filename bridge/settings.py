@@ -1,0 +1,627 @@
+"""Settings of k8s-bridge: one YAML file, ``BRIDGE_*`` environment overrides, CLI overrides.
+
+The YAML spelling is camelCase (``sink.kafka.lingerMs``); snake_case field names
+are accepted too. Every section forbids unknown keys, so a typo is an error
+that names the key instead of a setting that silently does nothing.
+
+Precedence, lowest to highest: the YAML file, ``BRIDGE_*`` variables (nested
+with ``__``: ``BRIDGE_SINK__KAFKA__LINGERMS=10``, ``BRIDGE_RESOURCES__0__KIND=Pod``;
+lists and mappings as JSON, a list of strings also as ``a,b,c``), then the
+overrides the CLI passes in (nested dicts or dotted keys).
+
+Every failure becomes one ``ConfigError`` line naming the dotted key in YAML
+spelling, the bad value and why, e.g.
+``config error: sink.kind: 'rabbit' is not one of nats, kafka, stdout``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from bridge.errors import ConfigError
+
+ENV_PREFIX = "BRIDGE_"
+ENV_DELIMITER = "__"
+# Read by the CLI as the config file path, so it is not a settings key.
+_ENV_NOT_KEYS = frozenset({"BRIDGE_CONFIG"})
+
+_SECTION_CONFIG = ConfigDict(
+    extra="forbid",
+    alias_generator=to_camel,
+    populate_by_name=True,
+    validate_default=True,
+)
+
+
+class _Section(BaseModel):
+    model_config = _SECTION_CONFIG
+
+
+# --- cluster -----------------------------------------------------------------
+
+
+class ClusterSettings(_Section):
+    kubeconfig: str | None = Field(
+        default=None,
+        description="Path to a kubeconfig; omitted: in-cluster config, else ~/.kube/config",
+    )
+    context: str | None = Field(
+        default=None, description="kubeconfig context; omitted: current-context"
+    )
+    name: str = Field(
+        default="default", min_length=1, description="Names the cluster in event sources"
+    )
+
+
+# --- resources ---------------------------------------------------------------
+
+
+class ResourceSettings(_Section):
+    api_version: str = Field(min_length=1, description="e.g. v1, apps/v1, example.com/v1")
+    kind: str = Field(min_length=1, description="e.g. Pod, Deployment, Widget")
+    plural: str | None = Field(
+        default=None,
+        description="Resource (plural) name; optional, discovery decides at run time. "
+        "The Helm chart uses it to derive RBAC when lowercase+s is wrong.",
+    )
+    namespaces: list[str] = Field(default_factory=list, description="[] = all namespaces")
+    label_selector: str = ""
+    field_selector: str = ""
+    ignore_fields: list[str] = Field(
+        default_factory=list, description="Dotted paths whose changes alone publish nothing"
+    )
+    redact_secrets: bool = Field(default=True, description="Redact Secret data/stringData")
+    mask_paths: list[str] = Field(
+        default_factory=list, description="Dotted paths replaced by a mask in published objects"
+    )
+    include_old: bool = Field(default=False, description="Include the previous object in events")
+    patch: bool = Field(
+        default=False, description="Include an RFC 6902 patch from the previous object"
+    )
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def gvk(self) -> str:
+        """``apiVersion/kind``: the identity used for sharding and logging."""
+        return f"{self.api_version}/{self.kind}"
+
+
+# --- sink --------------------------------------------------------------------
+
+
+class NatsTlsSettings(_Section):
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+class NatsSettings(_Section):
+    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+    stream: str = "K8S"
+    subjects: list[str] = Field(default_factory=lambda: ["k8s.>"], min_length=1)
+    create_stream: bool = True
+    max_in_flight: int = Field(default=2048, gt=0)
+    credentials: str | None = Field(default=None, description="Path to a .creds file")
+    nkey_seed: str | None = Field(default=None, description="Path to an NKey seed file")
+    tls: NatsTlsSettings | None = None
+
+
+class KafkaSslSettings(_Section):
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
+    topic: str = Field(default="k8s-events", min_length=1)
+    acks: Literal["all", 0, 1] = "all"
+    enable_idempotence: bool = True
+    compression: Literal["gzip", "snappy", "lz4", "zstd"] | None = None
+    linger_ms: int = Field(default=5, ge=0)
+    max_batch_size: int = Field(default=16384, gt=0)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl: KafkaSslSettings | None = None
+    state_table: bool = Field(
+        default=False, description="Also publish the latest object per key to a compacted topic"
+    )
+
+    @field_validator("acks", mode="before")
+    @classmethod
+    def _acks(cls, value: Any) -> Any:
+        # YAML gives 1, env gives "1"; both mean the same and "-1" is "all".
+        text = str(value).strip().lower()
+        if text in ("all", "-1"):
+            return "all"
+        if text in ("0", "1"):
+            return int(text)
+        return value
+
+
+class SinkSettings(_Section):
+    kind: Literal["nats", "kafka", "stdout"]
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+
+
+# --- checkpoint, informer, server, logging ----------------------------------------
+
+
+class CheckpointSettings(_Section):
+    kind: Literal["sqlite", "memory", "nats-kv"] = "sqlite"
+    path: str = "./k8s-bridge-state.db"
+    bucket: str = "k8s-bridge"
+    flush_interval: float = Field(default=1.0, gt=0)
+    flush_events: int = Field(default=500, gt=0)
+
+
+class InformerSettings(_Section):
+    slim: bool = Field(
+        default=False, description="Keep only uid/resourceVersion/fingerprint per object"
+    )
+    page_size: int = Field(default=500, gt=0)
+    watch_list: Literal["auto", "on", "off"] = "auto"
+    resync_period: float | None = Field(default=None, gt=0)
+    max_queued: int = Field(default=1000, gt=0)
+
+
+class ServerSettings(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class LoggingSettings(_Section):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: str = "info"
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level == "warn":
+            level = "warning"
+        if level not in _LEVELS:
+            raise ValueError(f"is not one of {', '.join(_LEVELS)}")
+        return level
+
+
+class LeaderElectionSettings(_Section):
+    enabled: bool = False
+    lease_name: str = Field(default="k8s-bridge", min_length=1)
+    namespace: str = Field(default="default", min_length=1)
+    identity: str | None = Field(default=None, description="omitted: hostname + random suffix")
+    lease_duration: float = Field(default=15, gt=0)
+    renew_deadline: float = Field(default=10, gt=0)
+    retry_period: float = Field(default=2, gt=0)
+
+    @field_validator("renew_deadline")
+    @classmethod
+    def _renew_below_lease(cls, value: float, info: Any) -> float:
+        # Same rule as client-go: a leader must give up before a rival may take over.
+        lease = info.data.get("lease_duration")
+        if lease is not None and value >= lease:
+            raise ValueError(f"must be less than leaseDuration ({lease:g})")
+        return value
+
+    @field_validator("retry_period")
+    @classmethod
+    def _retry_below_renew(cls, value: float, info: Any) -> float:
+        renew = info.data.get("renew_deadline")
+        if renew is not None and value >= renew:
+            raise ValueError(f"must be less than renewDeadline ({renew:g})")
+        return value
+
+
+class ShardingSettings(_Section):
+    shards: int = Field(default=1, ge=1)
+    shard_index: int = Field(default=0, ge=0)
+
+    @field_validator("shard_index")
+    @classmethod
+    def _index_below_shards(cls, value: int, info: Any) -> int:
+        shards = info.data.get("shards")
+        if shards is not None and value >= shards:
+            raise ValueError(f"must be less than shards ({shards})")
+        return value
+
+
+# --- the whole ---------------------------------------------------------------
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Build it with ``load_settings``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    resources: list[ResourceSettings] = Field(min_length=1)
+    sink: SinkSettings
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    informer: InformerSettings = Field(default_factory=InformerSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The stock env source would read aliased top-level fields without the
+        # prefix (``SINK``, ``CLUSTER``); ours reads only BRIDGE_* and the same
+        # way load_settings does.
+        return (init_settings, _BridgeEnvSource(settings_cls))
+
+
+class _BridgeEnvSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        tree, _ = _env_tree(os.environ)
+        return tree
+
+
+# --- loading -----------------------------------------------------------------
+
+_Path = tuple[str | int, ...]
+
+
+def load_settings(
+    path: str | None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read ``path`` (YAML), apply ``BRIDGE_*`` from ``env`` (default: the process
+    environment), then ``overrides``; validate. Raises ``ConfigError`` (one line)."""
+    data: dict[str, Any] = _normalize(Settings, _read_yaml(path)) if path is not None else {}
+    env_tree, env_origins = _env_tree(os.environ if env is None else env)
+    data = _merge(data, env_tree)
+    if overrides:
+        data = _merge(data, _normalize(Settings, _expand_dotted(overrides)))
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, env_origins)) from None
+
+
+def settings_json_schema() -> dict[str, Any]:
+    """JSON Schema of the config file (YAML spelling), for ``k8s-bridge config schema``."""
+    schema = Settings.model_json_schema(by_alias=True)
+    schema.setdefault("title", "k8s-bridge configuration")
+    return schema
+
+
+def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
+    """The resources this replica watches when ``sharding.shards`` > 1.
+
+    A resource belongs to shard ``sha256("apiVersion/kind") mod shards``: the
+    assignment depends on nothing but the resource's identity, so every replica
+    computes the same split without talking to the others, and entries for the
+    same kind (e.g. different namespaces) always land together.
+    """
+    shards = settings.sharding.shards
+    if shards <= 1:
+        return list(settings.resources)
+    index = settings.sharding.shard_index
+    return [r for r in settings.resources if shard_of(r.gvk, shards) == index]
+
+
+def shard_of(identity: str, shards: int) -> int:
+    digest = hashlib.sha256(identity.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"config error: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config error: {path}: invalid YAML{where}: {problem}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            f"config error: {path}: the top level must be a mapping, not {type(loaded).__name__}"
+        )
+    return loaded
+
+
+# --- model walking (keys in any spelling → YAML spelling) --------------------------
+
+
+def _model_in(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(model class, is a list of it) found in a field annotation, if any."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found[0] is not None:
+                return found
+        return None, False
+    if origin is list:
+        args = typing.get_args(annotation)
+        inner = _model_in(args[0])[0] if args else None
+        return inner, inner is not None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    return None, False
+
+
+def _is_list(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return any(_is_list(a) for a in typing.get_args(annotation))
+    return origin is list
+
+
+def _field(
+    model: type[BaseModel], key: str, *, loose: bool = False
+) -> tuple[str, FieldInfo] | None:
+    """Find ``key`` (camelCase or snake_case) in ``model``; return its YAML spelling.
+
+    ``loose`` also ignores case and underscores, for environment variable names."""
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        if key in (name, alias):
+            return alias, info
+    if loose:
+        wanted = key.lower().replace("_", "")
+        for name, info in model.model_fields.items():
+            alias = info.alias or name
+            if wanted in (name.lower().replace("_", ""), alias.lower()):
+                return alias, info
+    return None
+
+
+def _normalize(model: type[BaseModel], data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        found = _field(model, key) if isinstance(key, str) else None
+        if found is None:
+            out[key] = value  # validation reports it as unknown
+            continue
+        alias, info = found
+        sub, is_list = _model_in(info.annotation)
+        if sub is not None and is_list and isinstance(value, list):
+            value = [_normalize(sub, item) for item in value]
+        elif sub is not None and is_list and isinstance(value, dict):
+            value = {k: _normalize(sub, v) for k, v in value.items()}  # indexed, from env
+        elif sub is not None:
+            value = _normalize(sub, value)
+        out[alias] = value
+    return out
+
+
+def _expand_dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = _merge(node.get(parts[-1]), value)
+    return tree
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(over, dict) and over and all(isinstance(k, int) for k in over):
+        # An indexed list from env (BRIDGE_RESOURCES__0__KIND): patch items in place.
+        items = list(base) if isinstance(base, list) else []
+        for index in sorted(over):
+            if index < len(items):
+                items[index] = _merge(items[index], over[index])
+            else:
+                items.append(over[index])
+        return items
+    if isinstance(base, dict) and isinstance(over, dict):
+        merged = dict(base)
+        for key, value in over.items():
+            merged[key] = _merge(base.get(key), value)
+        return merged
+    return over
+
+
+def _env_tree(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[_Path, str]]:
+    """BRIDGE_* variables as a nested dict in YAML spelling, and which variable set each path."""
+    tree: dict[str, Any] = {}
+    origins: dict[_Path, str] = {}
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in _ENV_NOT_KEYS:
+            continue
+        raw = env[name]
+        parts = [p for p in name[len(ENV_PREFIX) :].split(ENV_DELIMITER)]
+        if not all(parts):
+            raise ConfigError(f"config error: {name}: malformed variable name")
+        path: list[str | int] = []
+        model: type[BaseModel] | None = Settings
+        annotation: Any = None
+        in_list = False
+        for part in parts:
+            if in_list and part.isdigit():
+                path.append(int(part))
+                in_list = False
+                continue
+            found = _field(model, part, loose=True) if model is not None else None
+            if found is None:
+                path.append(to_camel(part.lower()))
+                model, annotation, in_list = None, None, False
+                continue
+            alias, info = found
+            path.append(alias)
+            annotation = info.annotation
+            model, in_list = _model_in(annotation)
+        value = _env_value(name, raw, annotation)
+        node: dict[Any, Any] = tree
+        for key in path[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[path[-1]] = value
+        origins[tuple(path)] = name
+    return tree, origins
+
+
+def _env_value(name: str, raw: str, annotation: Any) -> Any:
+    text = raw.strip()
+    if text[:1] in ("[", "{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"config error: {name}: {raw!r} is not valid JSON ({exc.msg})"
+            ) from None
+    if annotation is not None and _is_list(annotation):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return raw
+
+
+# --- error messages ------------------------------------------------------------
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _literal_choices(loc: tuple[Any, ...]) -> list[str] | None:
+    """Allowed values of the Literal field at ``loc``, walking the models."""
+    model: type[BaseModel] | None = Settings
+    annotation: Any = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is None:
+            return None
+        found = _field(model, str(part))
+        if found is None:
+            return None
+        annotation = found[1].annotation
+        model = _model_in(annotation)[0]
+    choices: list[str] = []
+
+    def collect(ann: Any) -> None:
+        origin = typing.get_origin(ann)
+        if origin is Literal:
+            choices.extend(str(a) for a in typing.get_args(ann))
+        elif origin in (Union, types.UnionType):
+            for arg in typing.get_args(ann):
+                collect(arg)
+
+    collect(annotation)
+    return choices or None
+
+
+def _unknown_key_hint(loc: tuple[Any, ...]) -> str:
+    model: type[BaseModel] | None = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        found = _field(model, str(part))
+        model = _model_in(found[1].annotation)[0] if found else None
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    names = [info.alias or name for name, info in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _describe(err: Any) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    kind = err["type"]
+    value = err.get("input")
+    key = _dotted(loc)
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key{_unknown_key_hint(loc)}"
+    if kind == "missing":
+        if loc == ("resources",):
+            return "resources: required key is missing (at least one resource is required)"
+        return f"{key}: required key is missing"
+    if kind == "literal_error":
+        choices = _literal_choices(loc)
+        allowed = ", ".join(choices) if choices else err.get("ctx", {}).get("expected", "")
+        return f"{key}: {value!r} is not one of {allowed}"
+    if kind == "too_short" and loc == ("resources",):
+        return "resources: at least one resource is required"
+    message = str(err["msg"])
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        return f"{key}: {value!r} {message}"
+    return f"{key}: {value!r} is invalid: {message[:1].lower()}{message[1:]}"
+
+
+def _format_errors(exc: ValidationError, env_origins: Mapping[_Path, str]) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        text = _describe(err)
+        loc = tuple(err["loc"])
+        # Name the variable when the bad value came from the environment.
+        for length in range(len(loc), 0, -1):
+            origin = env_origins.get(loc[:length])
+            if origin is not None:
+                key, _, rest = text.partition(": ")
+                text = f"{key} (from {origin}): {rest}"
+                break
+        parts.append(text)
+    return "config error: " + "; ".join(parts)
