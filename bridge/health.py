@@ -1,0 +1,89 @@
+"""The health and metrics HTTP server: ``/healthz``, ``/readyz``, ``/metrics``.
+
+``/healthz`` answers 200 while the event loop runs (a liveness probe that fails
+only when the process is wedged). ``/readyz`` asks the app's readiness callable
+and answers 503 with one line per failing reason, so ``kubectl describe`` and a
+curl show why. ``/metrics`` renders the instance's own registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+Readiness = Callable[[], tuple[bool, list[str]]]
+
+
+class HealthServer:
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, readiness: Readiness
+    ) -> None:
+        self._host = host
+        self._requested_port = port
+        self._registry = registry
+        self._readiness = readiness
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one picked by the OS when 0 was asked); valid after start()."""
+        if self._port is None:
+            raise RuntimeError("HealthServer is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self._host in ("0.0.0.0", "", "::") else self._host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._requested_port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server = site._server  # aiohttp exposes no public accessor for the bound port
+        sockets = getattr(server, "sockets", None) or []
+        self._port = sockets[0].getsockname()[1] if sockets else self._requested_port
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> HealthServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        try:
+            ready, reasons = self._readiness()
+        except Exception as exc:  # a broken check must read as not ready, not as a 500
+            ready, reasons = False, [f"readiness check failed: {exc!r}"]
+        if ready:
+            return web.Response(text="ok\n")
+        lines = [r.replace("\n", " ") for r in reasons] or ["not ready"]
+        return web.Response(status=503, text="\n".join(lines) + "\n")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,125 @@
+"""Structured logging: JSON lines for machines, a console renderer for people.
+
+``configure_logging`` is called once by the app with the ``logging`` settings;
+modules take a logger with ``get_logger(__name__)`` and log key/value pairs.
+Values under keys that look like credentials are replaced before rendering, so
+a token handed to a log call by mistake never reaches the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
+
+import orjson
+import structlog
+
+REDACTED = "[redacted]"
+_SENSITIVE = re.compile(r"token|passw(or)?d|secret|authorization|api[-_]?key|credential", re.I)
+
+Format = Literal["auto", "json", "console"]
+
+
+def redact_sensitive(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """structlog processor: mask values of keys named like token/password/secret/authorization."""
+    for key in list(event_dict):
+        if key != "event" and _SENSITIVE.search(key):
+            event_dict[key] = REDACTED
+        else:
+            value = event_dict[key]
+            if isinstance(value, dict):
+                event_dict[key] = _redact_mapping(value)
+    return event_dict
+
+
+def _redact_mapping(value: dict[Any, Any]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        if isinstance(key, str) and _SENSITIVE.search(key):
+            out[key] = REDACTED
+        elif isinstance(item, dict):
+            out[key] = _redact_mapping(item)
+        else:
+            out[key] = item
+    return out
+
+
+def _wants_json(format: Format, stream: TextIO) -> bool:
+    if format == "json":
+        return True
+    if format == "console":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return not (callable(isatty) and isatty())
+
+
+def configure_logging(
+    format: Format = "auto", level: str = "info", stream: TextIO | None = None
+) -> None:
+    """Configure structlog (and route the stdlib's ``logging`` through the same output).
+
+    ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers are cached on
+    first use, so call this before the first log line.
+    """
+    out = stream if stream is not None else sys.stderr
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    as_json = _wants_json(format, out)
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        redact_sensitive,
+    ]
+    renderer: Any
+    if as_json:
+        renderer = structlog.processors.JSONRenderer(serializer=_dumps)
+        shared.append(structlog.processors.format_exc_info)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=_wants_colors(out))
+    structlog.reset_defaults()
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=True,
+    )
+    # Libraries (aiokafka, nats, aiohttp) log through the stdlib: same format, same stream.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                renderer,
+            ],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_k8s_bridge", False)]:
+        root.removeHandler(old)
+    handler._k8s_bridge = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(numeric)
+
+
+def _dumps(obj: Any, **_: Any) -> str:
+    return orjson.dumps(obj, default=str).decode()
+
+
+def _wants_colors(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(callable(isatty) and isatty())
+
+
+def get_logger(name: str | None = None, **initial: Any) -> Any:
+    """A structlog logger bound to ``logger=name`` (and any initial key/values)."""
+    if name is not None:
+        initial = {"logger": name, **initial}
+    return structlog.get_logger().bind(**initial)
