@@ -1,0 +1,132 @@
+"""The default checkpoint store: one SQLite file, WAL mode, one transaction per flush.
+
+sqlite3 blocks, so every call runs in a worker thread (``asyncio.to_thread``);
+a lock keeps the single connection to one statement stream at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from bridge.changes import Digest
+from bridge.checkpoints.base import Checkpoint
+from bridge.errors import CheckpointError
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS watermarks (
+    resource_id TEXT PRIMARY KEY,
+    resource_version TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS digests (
+    resource_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    uid TEXT NOT NULL,
+    resource_version TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    PRIMARY KEY (resource_id, key)
+) WITHOUT ROWID;
+"""
+
+
+class SqliteCheckpointStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise CheckpointError(f"checkpoint store {self.path} is not open")
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(fn, conn)
+            except sqlite3.Error as exc:
+                raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+
+        def _open() -> sqlite3.Connection:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: transactions are explicit (BEGIN/COMMIT) below.
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                # NORMAL in WAL mode is durable across process crashes; only a power
+                # loss can drop the last commits, which then replay as redeliveries.
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        try:
+            self._conn = await asyncio.to_thread(_open)
+        except (sqlite3.Error, OSError) as exc:
+            raise CheckpointError(f"checkpoint store {self.path}: cannot open: {exc}") from exc
+
+    async def load(self, resource_id: str) -> Checkpoint | None:
+        def _load(conn: sqlite3.Connection) -> Checkpoint | None:
+            row = conn.execute(
+                "SELECT resource_version FROM watermarks WHERE resource_id = ?", (resource_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            rows = conn.execute(
+                "SELECT key, uid, resource_version, fingerprint FROM digests WHERE resource_id = ?",
+                (resource_id,),
+            )
+            return Checkpoint(row[0], {r[0]: Digest(r[0], r[1], r[2], r[3]) for r in rows})
+
+        return await self._run(_load)
+
+    async def commit(
+        self,
+        resource_id: str,
+        resource_version: str,
+        upserts: Iterable[Digest],
+        deletes: Iterable[str],
+    ) -> None:
+        # Materialise on the loop's thread: the iterables may be views of live dicts.
+        up = [(resource_id, d.key, d.uid, d.resource_version, d.fingerprint) for d in upserts]
+        down = [(resource_id, key) for key in deletes]
+
+        def _commit(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if down:
+                    conn.executemany("DELETE FROM digests WHERE resource_id = ? AND key = ?", down)
+                if up:
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO digests"
+                        " (resource_id, key, uid, resource_version, fingerprint)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        up,
+                    )
+                conn.execute(
+                    "INSERT OR REPLACE INTO watermarks (resource_id, resource_version)"
+                    " VALUES (?, ?)",
+                    (resource_id, resource_version),
+                )
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+        await self._run(_commit)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            async with self._lock:
+                await asyncio.to_thread(conn.close)

@@ -1,0 +1,207 @@
+"""The event model and its CloudEvents 1.0 encoding (DESIGN.md §3).
+
+One ``Event`` per published change. Its ``id`` is deterministic
+(``{uid}:{resourceVersion}:{added|modified|deleted}``) so a redelivery carries
+the same id and the bus (NATS duplicate window) or the consumer can drop it.
+
+NATS subject tokens: a token may not contain ``.``, ``*``, ``>`` or whitespace,
+and Kubernetes names and API groups do contain dots (``kube-root-ca.crt``,
+``example.com``). Tokens are percent-escaped, deterministically and
+reversibly: ``%`` → ``%25``, ``.`` → ``%2E``, ``*`` → ``%2A``, ``>`` → ``%3E``,
+and any whitespace or control character → ``%XX`` of its code point. ``%``
+cannot occur in a Kubernetes name, so a name that needs no escaping appears
+as is, and two different names never share a subject. A cluster-scoped object
+has ``_`` for its namespace token (``_`` is not a valid namespace name).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import jsonpatch
+import orjson
+
+from bridge.changes import Change, ChangeKind, compile_paths, transform_paths
+from bridge.kube.objects import RawObject, meta
+
+REDACTED = "<redacted>"
+SPECVERSION = "1.0"
+DATACONTENTTYPE = "application/json"
+CONTENT_TYPE = "application/cloudevents+json"
+
+_UNSAFE = re.compile(r"[%.*>\s\x00-\x1f\x7f]")
+
+
+def nats_token(value: str) -> str:
+    """Escape one NATS subject token (see the module docstring)."""
+    if not value:
+        return "_"
+    return _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", value)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(at: datetime) -> str:
+    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``)."""
+
+    id: str
+    type: str
+    source: str
+    subject: str
+    time: str
+    resource_version: str
+    initial: bool
+    data: dict[str, Any]
+    nats_subject: str = ""
+
+    @property
+    def key(self) -> bytes:
+        """Kafka record key: the subject, so one object stays in one partition."""
+        return self.subject.encode()
+
+    @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        """Kafka record headers (CloudEvents Kafka binding names)."""
+        return [
+            ("ce_id", self.id.encode()),
+            ("ce_type", self.type.encode()),
+            ("ce_source", self.source.encode()),
+            ("ce_subject", self.subject.encode()),
+        ]
+
+    @property
+    def deleted(self) -> bool:
+        return self.type.endswith(".deleted")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "specversion": SPECVERSION,
+            "id": self.id,
+            "type": self.type,
+            "source": self.source,
+            "subject": self.subject,
+            "time": self.time,
+            "datacontenttype": DATACONTENTTYPE,
+            "resourceversion": self.resource_version,
+            "initial": self.initial,
+            "data": self.data,
+        }
+
+    def to_json(self) -> bytes:
+        """Structured-mode CloudEvents 1.0 JSON."""
+        return orjson.dumps(self.to_dict())
+
+
+def _masked(value: Any) -> Any:
+    return REDACTED
+
+
+def _redact_values(value: Any) -> Any:
+    if isinstance(value, dict):
+        return dict.fromkeys(value, REDACTED)
+    return REDACTED
+
+
+class EventBuilder:
+    """Builds events for one resource. Everything per-resource is worked out here, once."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        group: str,
+        version: str,
+        kind: str,
+        plural: str,
+        redact_secrets: bool = True,
+        mask_paths: list[str] | tuple[str, ...] = (),
+        include_old: bool = False,
+        patch: bool = False,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.cluster = cluster
+        self.group = group
+        self.version = version
+        self.kind = kind
+        self.plural = plural
+        self.api_version = f"{group}/{version}" if group else version
+        self.include_old = include_old
+        self.patch = patch
+        self._clock = clock
+        self._type_prefix = f"io.k8s.{group or 'core'}.{version}.{kind}."
+        self.source = f"k8s://{cluster}/{self.api_version}/{plural}"
+        tokens = (cluster, group or "core", version, plural)
+        self._subject_prefix = "k8s." + "".join(nats_token(t) + "." for t in tokens)
+        # Secret values go; their keys stay, so consumers still see what changed shape.
+        secret = kind == "Secret" and not group and redact_secrets
+        self._secret = compile_paths(["data", "stringData"]) if secret else None
+        self._mask = compile_paths(list(mask_paths)) if mask_paths else None
+        # Last published object per key, for ``data.patch``; kept only when asked for.
+        self._last: dict[str, RawObject] = {}
+
+    def redact(self, obj: RawObject) -> RawObject:
+        if self._secret is not None:
+            obj = transform_paths(obj, self._secret, _redact_values)
+        if self._mask is not None:
+            obj = transform_paths(obj, self._mask, _masked)
+        return obj
+
+    def _subject_of(self, obj: RawObject) -> tuple[str, str]:
+        m = meta(obj)
+        name = str(m.get("name", ""))
+        namespace = str(m.get("namespace") or "")
+        subject = f"{namespace}/{name}" if namespace else name
+        # nats_token("") is "_": the namespace token of a cluster-scoped object.
+        return subject, self._subject_prefix + nats_token(namespace) + "." + nats_token(name)
+
+    def build(self, change: Change) -> Event:
+        obj = change.object
+        m = meta(obj)
+        uid = str(m.get("uid", ""))
+        rv = str(m.get("resourceVersion", ""))
+        kind = change.kind.value
+        subject, nats_subject = self._subject_of(obj)
+        public = self.redact(obj)
+        if change.tombstone:
+            public = {
+                "apiVersion": obj.get("apiVersion") or self.api_version,
+                "kind": obj.get("kind") or self.kind,
+                "metadata": public.get("metadata", {}),
+            }
+        data: dict[str, Any] = {"object": public}
+        if change.tombstone:
+            data["tombstone"] = True
+        if self.include_old and change.old is not None:
+            data["old"] = self.redact(change.old)
+        if self.patch:
+            if change.kind is ChangeKind.DELETED:
+                self._last.pop(change.key, None)
+            else:
+                before = self._last.get(change.key)
+                if before is None and change.old is not None:
+                    before = self.redact(change.old)
+                if before is not None and change.kind is ChangeKind.MODIFIED:
+                    data["patch"] = jsonpatch.make_patch(before, public).patch
+                self._last[change.key] = public
+        return Event(
+            id=f"{uid}:{rv}:{kind}",
+            type=self._type_prefix + kind,
+            source=self.source,
+            subject=subject,
+            time=rfc3339(self._clock()),
+            resource_version=rv,
+            initial=change.initial,
+            data=data,
+            nats_subject=nats_subject,
+        )

@@ -1,0 +1,121 @@
+"""Checkpoint stores (memory, sqlite): roundtrip, atomic watermark+digests, deletes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.changes import Digest
+from bridge.checkpoints import Checkpoint, CheckpointStore
+from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.errors import CheckpointError
+
+
+def d(key: str, rv: str = "1", fp: str = "f") -> Digest:
+    return Digest(key, f"uid-{key}", rv, fp)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[CheckpointStore]:
+    s: CheckpointStore = (
+        MemoryCheckpointStore()
+        if request.param == "memory"
+        else SqliteCheckpointStore(tmp_path / "cp.db")
+    )
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def test_unknown_resource_loads_none(store: CheckpointStore) -> None:
+    assert await store.load("v1/pods") is None
+
+
+async def test_commit_load_roundtrip(store: CheckpointStore) -> None:
+    await store.commit("v1/pods", "100", [d("ns/a"), d("ns/b")], [])
+    cp = await store.load("v1/pods")
+    assert cp == Checkpoint("100", {"ns/a": d("ns/a"), "ns/b": d("ns/b")})
+
+
+async def test_later_commits_upsert_and_delete(store: CheckpointStore) -> None:
+    await store.commit("v1/pods", "100", [d("ns/a"), d("ns/b"), d("ns/c")], [])
+    await store.commit("v1/pods", "120", [d("ns/a", "110", "g")], ["ns/b", "ns/missing"])
+    cp = await store.load("v1/pods")
+    assert cp is not None
+    assert cp.resource_version == "120"
+    assert cp.digests == {"ns/a": d("ns/a", "110", "g"), "ns/c": d("ns/c")}
+
+
+async def test_delete_and_recreate_in_one_flush_keeps_the_new_digest(
+    store: CheckpointStore,
+) -> None:
+    await store.commit("r", "1", [d("k", "1")], [])
+    await store.commit("r", "2", [d("k", "2")], ["k"])
+    cp = await store.load("r")
+    assert cp is not None and cp.digests["k"].resource_version == "2"
+
+
+async def test_resources_are_kept_apart(store: CheckpointStore) -> None:
+    await store.commit("v1/pods", "5", [d("ns/a")], [])
+    await store.commit("apps/v1/deployments", "9", [d("ns/a", "9")], [])
+    await store.commit("v1/pods", "6", [], ["ns/a"])
+    pods, deps = await store.load("v1/pods"), await store.load("apps/v1/deployments")
+    assert pods == Checkpoint("6", {})
+    assert deps == Checkpoint("9", {"ns/a": d("ns/a", "9")})
+
+
+async def test_loaded_checkpoint_is_a_copy(store: CheckpointStore) -> None:
+    await store.commit("r", "1", [d("a")], [])
+    cp = await store.load("r")
+    assert cp is not None
+    cp.digests.clear()
+    again = await store.load("r")
+    assert again is not None and "a" in again.digests
+
+
+async def test_sqlite_survives_reopen_and_uses_wal(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "cp.db"
+    s = SqliteCheckpointStore(path)
+    await s.open()
+    await s.commit("r", "7", [d(f"ns/o{i}") for i in range(1000)], [])
+    await s.close()
+    s = SqliteCheckpointStore(path)
+    await s.open()
+    cp = await s.load("r")
+    await s.close()
+    assert cp is not None and cp.resource_version == "7" and len(cp.digests) == 1000
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_sqlite_commit_is_atomic_a_failed_flush_leaves_watermark_and_digests(
+    tmp_path: Path,
+) -> None:
+    s = SqliteCheckpointStore(tmp_path / "cp.db")
+    await s.open()
+    await s.commit("r", "1", [d("a")], [])
+    # Drop the digests table behind the store's back: the next commit fails in SQL,
+    # after its deletes ran, and must leave the watermark where it was.
+    raw = sqlite3.connect(tmp_path / "cp.db")
+    raw.execute("ALTER TABLE digests RENAME COLUMN fingerprint TO fp_gone")
+    raw.commit()
+    raw.close()
+    with pytest.raises(CheckpointError, match=r"cp\.db"):
+        await s.commit("r", "2", [d("b", "2")], ["a"])
+    raw = sqlite3.connect(tmp_path / "cp.db")
+    assert raw.execute("SELECT resource_version FROM watermarks").fetchall() == [("1",)]
+    assert raw.execute("SELECT key FROM digests").fetchall() == [("a",)]
+    raw.close()
+    await s.close()
+
+
+async def test_sqlite_errors_are_checkpoint_errors(tmp_path: Path) -> None:
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(CheckpointError, match=r"dir\.db"):
+        await SqliteCheckpointStore(tmp_path / "dir.db").open()
+    with pytest.raises(CheckpointError, match="not open"):
+        await SqliteCheckpointStore(tmp_path / "x.db").load("r")
