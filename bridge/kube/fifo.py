@@ -1,0 +1,414 @@
+"""The queues between a Reflector and an informer: client-go's DeltaFIFO and RealFIFO.
+
+Both implement ``ReflectorStore`` (what the reflector writes) and ``pop`` (what
+the informer reads). Everything runs on one event loop, so there are no locks:
+a method either completes without awaiting or waits on an explicit condition.
+
+- ``DeltaFIFO`` groups deltas per key; keys pop in order of first arrival, each
+  pop hands over every delta queued for that key.
+- ``RealFIFO`` (client-go's ``InOrderInformers``, the default since 1.33) keeps
+  strict arrival order across keys and pops one delta at a time.
+
+``has_synced`` turns true once every item queued by the first ``replace``
+(tombstones included) has been popped *and* processed, so a caller that sees
+it true knows the cache behind it holds the whole first list.
+
+With ``max_queued`` set, ``add``/``update``/``delete`` wait while the queue is
+full: a slow consumer slows the watch instead of growing memory. ``replace``
+and ``resync`` never wait, because a relist must land as one piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from bridge.errors import BridgeError
+from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+
+__all__ = [
+    "Delta",
+    "DeltaFIFO",
+    "DeltaType",
+    "FIFOClosedError",
+    "KeyFunc",
+    "KeyListerGetter",
+    "PopProcessFunc",
+    "RealFIFO",
+]
+
+
+class DeltaType(StrEnum):
+    Added = "Added"
+    Updated = "Updated"
+    Deleted = "Deleted"
+    # A relist saw the object; whether it changed is for the consumer to decide.
+    Replaced = "Replaced"
+    # A periodic resync re-delivers what the cache already holds.
+    Sync = "Sync"
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    type: DeltaType
+    object: RawObject | DeletedFinalStateUnknown
+
+
+class FIFOClosedError(BridgeError):
+    """``pop`` was called on a closed, drained FIFO."""
+
+
+class KeyListerGetter(Protocol):
+    """What a FIFO asks about the objects the consumer already knows (the cache)."""
+
+    def list_keys(self) -> list[str]: ...
+
+    def get_by_key(self, key: str) -> RawObject | None: ...
+
+
+KeyFunc = Callable[[RawObject], str]
+PopProcessFunc = Callable[[list[Delta], bool], Awaitable[None]]
+
+
+class _Waiters:
+    """Futures woken together; usable from plain (non-async) methods such as ``close``."""
+
+    __slots__ = ("_futures",)
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[None]] = []
+
+    async def wait(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._futures.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in self._futures:
+                self._futures.remove(fut)
+
+    def notify_all(self) -> None:
+        futures, self._futures = self._futures, []
+        for fut in futures:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class _FIFOBase:
+    """What both FIFOs share: keys, the synced latch, closing and backpressure."""
+
+    def __init__(
+        self,
+        *,
+        key_func: KeyFunc = namespace_key,
+        known_objects: KeyListerGetter | None = None,
+        emit_delta_type_replaced: bool = True,
+        max_queued: int | None = None,
+    ) -> None:
+        if max_queued is not None and max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {max_queued}")
+        self._key_func = key_func
+        self._known_objects = known_objects
+        self._replace_type = DeltaType.Replaced if emit_delta_type_replaced else DeltaType.Sync
+        self._max_queued = max_queued
+        self._closed = False
+        # populated: anything was ever added or replaced. The count is the number
+        # of pops (of the first replace's items) still to be processed.
+        self._populated = False
+        self._initial_population_count = 0
+        self._not_empty = _Waiters()
+        self._has_room = _Waiters()
+        self._synced_waiters = _Waiters()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def key_of(self, obj: RawObject | DeletedFinalStateUnknown) -> str:
+        if isinstance(obj, DeletedFinalStateUnknown):
+            return obj.key
+        return self._key_func(obj)
+
+    def has_synced(self) -> bool:
+        return self._populated and self._initial_population_count == 0
+
+    async def wait_for_sync(self) -> None:
+        """Return once ``has_synced`` is true."""
+        while not self.has_synced():
+            await self._synced_waiters.wait()
+
+    def _populate(self) -> None:
+        if not self._populated:
+            self._populated = True
+            self._synced_waiters.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Wake every waiter; ``pop`` raises ``FIFOClosedError`` once the queue is drained."""
+        self._closed = True
+        self._not_empty.notify_all()
+        self._has_room.notify_all()
+
+    async def _wait_for_room(self) -> None:
+        if self._max_queued is None:
+            return
+        while len(self) >= self._max_queued and not self._closed:
+            await self._has_room.wait()
+
+    async def _wait_for_item(self) -> None:
+        while not len(self):
+            if self._closed:
+                raise FIFOClosedError("FIFO is closed")
+            await self._not_empty.wait()
+
+    def _popped(self) -> None:
+        self._has_room.notify_all()
+
+    def _processed(self) -> None:
+        if self._initial_population_count > 0:
+            self._initial_population_count -= 1
+            if self._initial_population_count == 0:
+                self._synced_waiters.notify_all()
+
+    def _mark_populated_by_replace(self) -> None:
+        if not self._populated:
+            self._populated = True
+            # Everything queued now must drain before the cache holds the first list.
+            self._initial_population_count = len(self)
+            self._synced_waiters.notify_all()
+
+
+def _is_tombstone(obj: RawObject | DeletedFinalStateUnknown) -> bool:
+    return isinstance(obj, DeletedFinalStateUnknown)
+
+
+class DeltaFIFO(_FIFOBase):
+    """Deltas grouped per key; keys pop in order of first arrival.
+
+    The dict keeps insertion order, so it is the queue as well: popping a key
+    removes it, and a later delta for that key queues it again at the end.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_func: KeyFunc = namespace_key,
+        known_objects: KeyListerGetter | None = None,
+        emit_delta_type_replaced: bool = True,
+        max_queued: int | None = None,
+    ) -> None:
+        super().__init__(
+            key_func=key_func,
+            known_objects=known_objects,
+            emit_delta_type_replaced=emit_delta_type_replaced,
+            max_queued=max_queued,
+        )
+        self._items: dict[str, list[Delta]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def list_keys(self) -> list[str]:
+        return list(self._items)
+
+    def get_by_key(self, key: str) -> list[Delta] | None:
+        deltas = self._items.get(key)
+        return list(deltas) if deltas is not None else None
+
+    async def add(self, obj: RawObject) -> None:
+        await self._wait_for_room()
+        self._populate()
+        self._queue_action(DeltaType.Added, obj)
+
+    async def update(self, obj: RawObject) -> None:
+        await self._wait_for_room()
+        self._populate()
+        self._queue_action(DeltaType.Updated, obj)
+
+    async def delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+        await self._wait_for_room()
+        self._populate()
+        key = self.key_of(obj)
+        # A delete of something neither queued nor known would reach consumers
+        # as a delete of an object they never saw: drop it, as client-go does.
+        if key not in self._items and (
+            self._known_objects is None or self._known_objects.get_by_key(key) is None
+        ):
+            return
+        self._queue_action(DeltaType.Deleted, obj)
+
+    async def replace(self, items: list[RawObject], resource_version: str) -> None:
+        keys: set[str] = set()
+        for obj in items:
+            keys.add(self.key_of(obj))
+            self._queue_action(self._replace_type, obj)
+
+        # Queued keys absent from the list: their newest state is the best guess.
+        for key, deltas in list(self._items.items()):
+            if key in keys:
+                continue
+            last = deltas[-1].object
+            last_obj = last.obj if isinstance(last, DeletedFinalStateUnknown) else last
+            self._queue_action(DeltaType.Deleted, DeletedFinalStateUnknown(key, last_obj))
+
+        # Known keys absent from the list and not queued: the cache has their state.
+        if self._known_objects is not None:
+            for key in self._known_objects.list_keys():
+                if key in keys or self._items.get(key):
+                    continue
+                known = self._known_objects.get_by_key(key)
+                self._queue_action(DeltaType.Deleted, DeletedFinalStateUnknown(key, known))
+
+        self._mark_populated_by_replace()
+
+    async def resync(self) -> None:
+        """Queue ``Sync`` for every known key with nothing queued; no calls outward."""
+        if self._known_objects is None:
+            return
+        for key in self._known_objects.list_keys():
+            if self._items.get(key):
+                continue
+            known = self._known_objects.get_by_key(key)
+            if known is None:
+                continue
+            self._queue_action(DeltaType.Sync, known)
+
+    async def pop(self, process: PopProcessFunc) -> None:
+        await self._wait_for_item()
+        is_in_initial_list = not self.has_synced()
+        key = next(iter(self._items))
+        deltas = self._items.pop(key)
+        self._popped()
+        try:
+            await process(deltas, is_in_initial_list)
+        finally:
+            self._processed()
+
+    def _queue_action(
+        self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown
+    ) -> None:
+        key = self.key_of(obj)
+        delta = Delta(delta_type, obj)
+        deltas = self._items.get(key)
+        if deltas is None:
+            self._items[key] = [delta]
+        else:
+            deltas.append(delta)
+            _dedup_last_two(deltas)
+        self._not_empty.notify_all()
+
+
+def _dedup_last_two(deltas: list[Delta]) -> None:
+    """Two consecutive deletes collapse into one, preferring the real object over a tombstone."""
+    if len(deltas) < 2:
+        return
+    newer, older = deltas[-1], deltas[-2]
+    if newer.type is not DeltaType.Deleted or older.type is not DeltaType.Deleted:
+        return
+    deltas[-2] = newer if _is_tombstone(older.object) else older
+    deltas.pop()
+
+
+class RealFIFO(_FIFOBase):
+    """Strict arrival order across keys, one delta per pop."""
+
+    def __init__(
+        self,
+        *,
+        key_func: KeyFunc = namespace_key,
+        known_objects: KeyListerGetter | None = None,
+        emit_delta_type_replaced: bool = True,
+        max_queued: int | None = None,
+    ) -> None:
+        super().__init__(
+            key_func=key_func,
+            known_objects=known_objects,
+            emit_delta_type_replaced=emit_delta_type_replaced,
+            max_queued=max_queued,
+        )
+        self._items: deque[Delta] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def list_keys(self) -> list[str]:
+        return list(dict.fromkeys(self.key_of(d.object) for d in self._items))
+
+    async def add(self, obj: RawObject) -> None:
+        await self._wait_for_room()
+        self._populate()
+        self._append(DeltaType.Added, obj)
+
+    async def update(self, obj: RawObject) -> None:
+        await self._wait_for_room()
+        self._populate()
+        self._append(DeltaType.Updated, obj)
+
+    async def delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+        await self._wait_for_room()
+        self._populate()
+        self._append(DeltaType.Deleted, obj)
+
+    async def replace(self, items: list[RawObject], resource_version: str) -> None:
+        new_keys = {self.key_of(obj) for obj in items}
+
+        last_queued: dict[str, Delta] = {}
+        for delta in self._items:
+            last_queued[self.key_of(delta.object)] = delta
+
+        # Tombstones first, so a consumer never sees a key's replacement and then
+        # a delete that belongs to the world before the relist.
+        tombstones: list[DeletedFinalStateUnknown] = []
+        for key, delta in last_queued.items():
+            if key in new_keys or delta.type is DeltaType.Deleted:
+                continue
+            obj = delta.object
+            last_obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+            tombstones.append(DeletedFinalStateUnknown(key, last_obj))
+        if self._known_objects is not None:
+            for key in self._known_objects.list_keys():
+                if key in new_keys or key in last_queued:
+                    continue
+                tombstones.append(
+                    DeletedFinalStateUnknown(key, self._known_objects.get_by_key(key))
+                )
+
+        for tombstone in tombstones:
+            self._append(DeltaType.Deleted, tombstone)
+        for obj in items:
+            self._append(self._replace_type, obj)
+
+        self._mark_populated_by_replace()
+
+    async def resync(self) -> None:
+        """Queue ``Sync`` for every known key with nothing queued; no calls outward."""
+        if self._known_objects is None:
+            return
+        queued = {self.key_of(d.object) for d in self._items}
+        for key in self._known_objects.list_keys():
+            if key in queued:
+                continue
+            known = self._known_objects.get_by_key(key)
+            if known is None:
+                continue
+            self._append(DeltaType.Sync, known)
+
+    async def pop(self, process: PopProcessFunc) -> None:
+        await self._wait_for_item()
+        is_in_initial_list = not self.has_synced()
+        delta = self._items.popleft()
+        self._popped()
+        try:
+            await process([delta], is_in_initial_list)
+        finally:
+            self._processed()
+
+    def _append(self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown) -> None:
+        self._items.append(Delta(delta_type, obj))
+        self._not_empty.notify_all()

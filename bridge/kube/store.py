@@ -1,0 +1,172 @@
+"""The informer's cache: client-go's ThreadSafeStore with Indexers.
+
+Objects are kept by key (``namespace/name``, or ``name`` for cluster-scoped
+objects). Each index maps an index value (a namespace, a label value, ...) to
+the keys of the objects that produce it, and is kept in step on every write,
+so ``by_index`` follows an object whose indexed value changes.
+
+One event loop owns the store, so no locks: every method runs to completion.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable
+
+from bridge.errors import BridgeError
+from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
+
+__all__ = [
+    "NAMESPACE_INDEX",
+    "IndexFunc",
+    "Indexer",
+    "IndexerError",
+    "label_index",
+    "namespace_index",
+]
+
+IndexFunc = Callable[[RawObject], list[str]]
+
+NAMESPACE_INDEX = "namespace"
+
+
+class IndexerError(BridgeError):
+    """An index was misused: unknown name, a conflicting name, or added too late."""
+
+
+def namespace_index(obj: RawObject) -> list[str]:
+    """client-go's ``MetaNamespaceIndexFunc``: cluster-scoped objects index under ``""``."""
+    return [str(meta(obj).get("namespace") or "")]
+
+
+def label_index(label_key: str) -> IndexFunc:
+    """Index objects by the value of one label; objects without it are not indexed."""
+
+    def index(obj: RawObject) -> list[str]:
+        labels = meta(obj).get("labels")
+        if isinstance(labels, dict) and label_key in labels:
+            return [str(labels[label_key])]
+        return []
+
+    index.__name__ = f"label_index[{label_key}]"
+    return index
+
+
+class Indexer:
+    """Objects by key, plus named secondary indices."""
+
+    def __init__(
+        self,
+        *,
+        key_func: Callable[[RawObject], str] = namespace_key,
+        indexers: dict[str, IndexFunc] | None = None,
+    ) -> None:
+        self._key_func = key_func
+        self._items: dict[str, RawObject] = {}
+        self._indexers: dict[str, IndexFunc] = {NAMESPACE_INDEX: namespace_index}
+        # index name -> index value -> keys (a dict used as an ordered set)
+        self._indices: dict[str, dict[str, dict[str, None]]] = {NAMESPACE_INDEX: {}}
+        if indexers:
+            self.add_indexers(indexers)
+
+    # -- writes ---------------------------------------------------------------
+
+    def add(self, obj: RawObject) -> None:
+        self._put(self._key_func(obj), obj)
+
+    def update(self, obj: RawObject) -> None:
+        self._put(self._key_func(obj), obj)
+
+    def delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+        key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else self._key_func(obj)
+        self.delete_by_key(key)
+
+    def delete_by_key(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._reindex(key, old, None)
+
+    def replace(self, items: Iterable[RawObject], resource_version: str = "") -> None:
+        """Swap the whole content; the indices are rebuilt from scratch."""
+        self._items = {}
+        self._indices = {name: {} for name in self._indexers}
+        for obj in items:
+            self._put(self._key_func(obj), obj)
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        """Add indices; only while the store is empty, as in client-go."""
+        if self._items:
+            raise IndexerError("cannot add indexers to a store that already holds objects")
+        conflict = sorted(set(indexers) & set(self._indexers))
+        if conflict:
+            raise IndexerError(f"indexer conflict: {', '.join(conflict)} already defined")
+        for name, func in indexers.items():
+            self._indexers[name] = func
+            self._indices[name] = {}
+
+    # -- reads ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, obj: RawObject | DeletedFinalStateUnknown) -> RawObject | None:
+        key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else self._key_func(obj)
+        return self._items.get(key)
+
+    def get_by_key(self, key: str) -> RawObject | None:
+        return self._items.get(key)
+
+    def list(self) -> list[RawObject]:
+        return list(self._items.values())
+
+    def list_keys(self) -> builtins.list[str]:
+        return list(self._items)
+
+    @property
+    def indexers(self) -> dict[str, IndexFunc]:
+        return dict(self._indexers)
+
+    def index_keys(self, name: str, value: str) -> builtins.list[str]:
+        """Keys of the objects whose index ``name`` yields ``value``, sorted."""
+        return sorted(self._index(name).get(value, ()))
+
+    def by_index(self, name: str, value: str) -> builtins.list[RawObject]:
+        """The objects whose index ``name`` yields ``value``, sorted by key."""
+        return [self._items[key] for key in self.index_keys(name, value)]
+
+    def list_index_func_values(self, name: str) -> builtins.list[str]:
+        """Every value index ``name`` currently holds, sorted."""
+        return sorted(self._index(name))
+
+    # -- internals ------------------------------------------------------------
+
+    def _index(self, name: str) -> dict[str, dict[str, None]]:
+        try:
+            return self._indices[name]
+        except KeyError:
+            raise IndexerError(f"index with name {name!r} does not exist") from None
+
+    def _put(self, key: str, obj: RawObject) -> None:
+        old = self._items.get(key)
+        self._items[key] = obj
+        self._reindex(key, old, obj)
+
+    def _reindex(self, key: str, old: RawObject | None, new: RawObject | None) -> None:
+        for name, func in self._indexers.items():
+            old_values = func(old) if old is not None else []
+            new_values = func(new) if new is not None else []
+            if old_values == new_values:
+                continue
+            index = self._indices[name]
+            for value in old_values:
+                keys = index.get(value)
+                if keys is not None:
+                    keys.pop(key, None)
+                    # Empty sets would pile up for every namespace ever seen.
+                    if not keys:
+                        del index[value]
+            for value in new_values:
+                index.setdefault(value, {})[key] = None

@@ -1,0 +1,206 @@
+"""RealFIFO: strict arrival order across keys, one delta per pop (client-go the_real_fifo.go)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bridge.kube.fifo import Delta, DeltaType, FIFOClosedError, RealFIFO
+from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+from bridge.kube.store import Indexer
+
+
+def pod(name: str, rv: int = 1, ns: str = "ns1") -> RawObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "resourceVersion": str(rv),
+        },
+    }
+
+
+async def pop_all(fifo: RealFIFO) -> list[tuple[list[Delta], bool]]:
+    calls: list[tuple[list[Delta], bool]] = []
+
+    async def record(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        calls.append((deltas, is_in_initial_list))
+
+    while len(fifo):
+        await asyncio.wait_for(fifo.pop(record), 1)
+    return calls
+
+
+def described(calls: list[tuple[list[Delta], bool]]) -> list[tuple[str, str]]:
+    return [(str(d.type), namespace_key(d.object)) for deltas, _ in calls for d in deltas]
+
+
+async def test_checklist_24_strict_arrival_order_across_keys_one_delta_per_pop() -> None:
+    fifo = RealFIFO()
+    await fifo.add(pod("a", 1))
+    await fifo.add(pod("b", 2))
+    await fifo.update(pod("a", 3))
+    await fifo.delete(pod("b", 4))
+    assert len(fifo) == 4
+    assert fifo.list_keys() == ["ns1/a", "ns1/b"]
+
+    calls = await pop_all(fifo)
+
+    assert all(len(deltas) == 1 for deltas, _ in calls)
+    assert described(calls) == [
+        ("Added", "ns1/a"),
+        ("Added", "ns1/b"),
+        ("Updated", "ns1/a"),
+        ("Deleted", "ns1/b"),
+    ]
+
+
+async def test_deletes_are_not_collapsed_or_filtered() -> None:
+    fifo = RealFIFO()
+    await fifo.delete(pod("never-seen"))
+    await fifo.delete(pod("never-seen"))
+    assert len(fifo) == 2
+
+
+async def test_checklist_24_replace_puts_tombstones_before_the_replaced_items() -> None:
+    known = Indexer()
+    known.add(pod("kept", 1))
+    known.add(pod("vanished", 3))
+    fifo = RealFIFO(known_objects=known)
+    await fifo.add(pod("queued-then-gone", 4))
+    await fifo.add(pod("deleted-already", 5))
+    await fifo.delete(pod("deleted-already", 6))
+
+    await fifo.replace([pod("kept", 1), pod("new", 7)], "10")
+
+    calls = await pop_all(fifo)
+    assert described(calls) == [
+        ("Added", "ns1/queued-then-gone"),
+        ("Added", "ns1/deleted-already"),
+        ("Deleted", "ns1/deleted-already"),
+        # Tombstones: queued keys first, then keys only the cache knows.
+        ("Deleted", "ns1/queued-then-gone"),
+        ("Deleted", "ns1/vanished"),
+        ("Replaced", "ns1/kept"),
+        ("Replaced", "ns1/new"),
+    ]
+    tombstones = [d.object for deltas, _ in calls for d in deltas if d.type is DeltaType.Deleted]
+    assert tombstones[1:] == [
+        DeletedFinalStateUnknown("ns1/queued-then-gone", pod("queued-then-gone", 4)),
+        DeletedFinalStateUnknown("ns1/vanished", pod("vanished", 3)),
+    ]
+
+
+async def test_checklist_20_known_key_without_object_gets_an_empty_tombstone() -> None:
+    class Forgetful:
+        def list_keys(self) -> list[str]:
+            return ["ns1/lost"]
+
+        def get_by_key(self, key: str) -> RawObject | None:
+            return None
+
+    fifo = RealFIFO(known_objects=Forgetful())
+    await fifo.replace([], "1")
+    calls = await pop_all(fifo)
+    assert calls[0][0] == [Delta(DeltaType.Deleted, DeletedFinalStateUnknown("ns1/lost", None))]
+
+
+async def test_replace_emits_sync_when_replaced_type_is_off() -> None:
+    fifo = RealFIFO(emit_delta_type_replaced=False)
+    await fifo.replace([pod("a")], "1")
+    assert described(await pop_all(fifo)) == [("Sync", "ns1/a")]
+
+
+async def test_checklist_22_has_synced_after_everything_queued_by_the_first_replace_is_processed() -> (
+    None
+):
+    known = Indexer()
+    known.add(pod("gone"))
+    fifo = RealFIFO(known_objects=known)
+    await fifo.replace([pod("a"), pod("b")], "1")
+    assert len(fifo) == 3
+    await fifo.add(pod("later"))  # arrived after the list: not part of it
+
+    flags: list[tuple[bool, bool]] = []
+
+    async def process(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        await asyncio.sleep(0)
+        flags.append((is_in_initial_list, fifo.has_synced()))
+
+    for _ in range(4):
+        await fifo.pop(process)
+    assert flags == [(True, False), (True, False), (True, False), (False, True)]
+
+
+async def test_checklist_23_resync_skips_keys_with_anything_queued() -> None:
+    known = Indexer()
+    known.add(pod("idle"))
+    known.add(pod("busy"))
+    fifo = RealFIFO(known_objects=known)
+    await fifo.update(pod("busy", 2))
+
+    await fifo.resync()
+
+    calls = await pop_all(fifo)
+    assert described(calls) == [("Updated", "ns1/busy"), ("Sync", "ns1/idle")]
+    assert calls[1][0][0].object is known.get_by_key("ns1/idle")
+
+
+async def test_checklist_23_resync_without_known_objects_queues_nothing() -> None:
+    fifo = RealFIFO()
+    await fifo.resync()
+    assert len(fifo) == 0
+
+
+async def test_close_wakes_a_waiting_pop() -> None:
+    fifo = RealFIFO()
+
+    async def never(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        raise AssertionError("nothing to process")
+
+    waiter = asyncio.create_task(fifo.pop(never))
+    await asyncio.sleep(0)
+    fifo.close()
+    with pytest.raises(FIFOClosedError):
+        await asyncio.wait_for(waiter, 1)
+
+
+async def test_a_failing_process_drops_only_its_delta() -> None:
+    fifo = RealFIFO()
+    await fifo.add(pod("a"))
+    await fifo.add(pod("b"))
+
+    async def boom(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError):
+        await fifo.pop(boom)
+    assert described(await pop_all(fifo)) == [("Added", "ns1/b")]
+
+
+async def test_backpressure_counts_items_not_keys() -> None:
+    fifo = RealFIFO(max_queued=2)
+    await fifo.add(pod("a", 1))
+    await fifo.update(pod("a", 2))
+    third = asyncio.create_task(fifo.update(pod("a", 3)))
+    await asyncio.sleep(0.01)
+    assert not third.done()
+
+    await asyncio.wait_for(fifo.resync(), 1)  # never waits
+    await asyncio.wait_for(fifo.replace([pod("a", 2)], "2"), 1)  # never waits
+
+    async def drop(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        pass
+
+    # The relist queued one more item of the same key: the producer waits until
+    # fewer than two items (not keys) are queued.
+    assert len(fifo) == 3
+    await fifo.pop(drop)
+    await asyncio.sleep(0.01)
+    assert not third.done()
+    await fifo.pop(drop)
+    await asyncio.wait_for(third, 1)
