@@ -1,0 +1,789 @@
+"""The emulator: an aiohttp server that answers like a small Kubernetes API server.
+
+``Emulator`` is both the HTTP server and a Python API over the same state, so a
+test can change objects directly (``emu.create(...)``) and watch the change
+arrive over HTTP, with the same rules either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import orjson
+import yaml
+from aiohttp import web
+
+from bridge.emulator import status
+from bridge.emulator.chaos import Chaos, ExpiredMode
+from bridge.emulator.patching import APPLY, apply_patch
+from bridge.emulator.resources import Registry, ResourceType, builtin_resources
+from bridge.emulator.selectors import combine, parse_field_selector, parse_label_selector
+from bridge.emulator.store import (
+    Body,
+    Store,
+    Watcher,
+    bookmark_object,
+    encode_event,
+    full_object,
+)
+from bridge.emulator.tables import TableWatchEncoder, table
+from bridge.errors import ApiStatusError, NotFoundError
+
+DEFAULT_WATCH_TIMEOUT = 1800.0
+VERSION_INFO = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-emulator",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.23.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One API request as the emulator received it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str = ""
+    accept: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ForbidRule:
+    """Requests matching every given field get 403 (None matches anything)."""
+
+    verb: str | None = None
+    resource: str | None = None
+    group: str | None = None
+    namespace: str | None = None
+
+    def matches(self, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+        return (
+            (self.verb is None or self.verb == verb)
+            and (self.resource is None or self.resource == resource)
+            and (self.group is None or self.group == group)
+            and (self.namespace is None or self.namespace == (namespace or ""))
+        )
+
+
+@dataclass(slots=True)
+class _Target:
+    res: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+def _json(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body),
+        status=status_code,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _status_response(err: ApiStatusError) -> web.Response:
+    body = err.status or status.status(err.code, err.reason, str(err))
+    headers = None
+    if err.code == 429 or err.retry_after is not None:
+        secs = (body.get("details") or {}).get("retryAfterSeconds", 1)
+        headers = {"Retry-After": str(secs)}
+    return _json(body, err.code, headers)
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("1", "true")
+
+
+class Emulator:
+    """A Kubernetes API server emulator for tests, benchmarks and the demo."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bookmark_interval: float = 60.0,
+        history_limit: int | None = None,
+        watch_list: bool = True,
+        expired_mode: Literal["event", "http"] = "event",
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.bookmark_interval = bookmark_interval
+        self.watch_list = watch_list
+        self.user = "emulator-admin"
+        self.registry = Registry()
+        for res in builtin_resources():
+            self.registry.add(res)
+        self.store = Store(history_limit=history_limit)
+        self.chaos = Chaos(self, expired_mode)
+        self.requests: builtins.list[RequestRecord] = []
+        self.forbid_rules: builtins.list[ForbidRule] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        for ns in ("default", "kube-system", "kube-public"):
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        return self.store.rv
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        # handler_cancellation: a client that hangs up ends its watch handler at once.
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=2.0,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        for watcher in self.store.all_watchers():
+            watcher.stop("stop")
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Emulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- Python API --------------------------------------------------------------
+
+    def register_resource(
+        self,
+        *,
+        group: str,
+        version: str,
+        kind: str,
+        plural: str,
+        namespaced: bool = True,
+        short_names: list[str] | None = None,
+    ) -> None:
+        self.registry.add(
+            ResourceType(group, version, kind, plural, namespaced, tuple(short_names or ()))
+        )
+
+    def forbid(
+        self,
+        *,
+        verb: str | None = None,
+        resource: str | None = None,
+        group: str | None = None,
+        namespace: str | None = None,
+    ) -> ForbidRule:
+        """HTTP requests (and access reviews) matching the rule get 403 / allowed=false."""
+        rule = ForbidRule(verb, resource, group, namespace)
+        self.forbid_rules.append(rule)
+        return rule
+
+    def _resource(self, api_version: str, kind: str) -> ResourceType:
+        res = self.registry.by_kind(api_version, kind)
+        if res is None:
+            raise NotFoundError(
+                f"the server could not find the requested resource ({api_version} {kind})",
+                reason="NotFound",
+            )
+        return res
+
+    @staticmethod
+    def _ns(res: ResourceType, namespace: str | None) -> str:
+        return (namespace or "default") if res.namespaced else ""
+
+    @staticmethod
+    def _copy(res: ResourceType, body: Body) -> Body:
+        return copy.deepcopy(full_object(res, body))
+
+    def create(self, obj: Body) -> Body:
+        res = self._resource(obj["apiVersion"], obj["kind"])
+        ns = self._ns(res, (obj.get("metadata") or {}).get("namespace"))
+        return self._copy(res, self.store.create(res, ns, copy.deepcopy(obj)))
+
+    def update(self, obj: Body) -> Body:
+        res = self._resource(obj["apiVersion"], obj["kind"])
+        ns = self._ns(res, (obj.get("metadata") or {}).get("namespace"))
+        return self._copy(res, self.store.update(res, ns, copy.deepcopy(obj)))
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: dict[str, Any],
+        namespace: str | None = None,
+    ) -> Body:
+        res = self._resource(api_version, kind)
+        ns = self._ns(res, namespace)
+        return self._copy(res, self._patch(res, ns, name, patch, "application/merge-patch+json"))
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Body:
+        res = self._resource(api_version, kind)
+        return self._copy(res, self.store.delete(res, self._ns(res, namespace), name))
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Body:
+        res = self._resource(api_version, kind)
+        return self._copy(res, self.store.get(res, self._ns(res, namespace), name))
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None
+    ) -> builtins.list[Body]:
+        res = self._resource(api_version, kind)
+        items, _, _, _ = self.store.list_objects(res, namespace if res.namespaced else None, None)
+        return [self._copy(res, b) for b in items]
+
+    def write_kubeconfig(self, path: str | os.PathLike[str], context: str = "emulator") -> Path:
+        if not self.url:
+            raise RuntimeError("start the emulator before writing its kubeconfig")
+        return write_kubeconfig(path, self.url, context)
+
+    # -- shared rules ------------------------------------------------------------
+
+    def _patch(self, res: ResourceType, ns: str, name: str, patch: Any, content_type: str) -> Body:
+        try:
+            current = self.store.get(res, ns, name)
+        except NotFoundError:
+            if content_type.startswith(APPLY) and isinstance(patch, dict):
+                body = dict(patch)
+                body.setdefault("metadata", {})["name"] = name
+                return self.store.create(res, ns, body)
+            raise
+        if isinstance(patch, dict):
+            asked = (patch.get("metadata") or {}).get("resourceVersion")
+            if asked and asked != current["metadata"]["resourceVersion"]:
+                raise status.conflict(res.group, res.plural, name)
+        patched = apply_patch(full_object(res, current), patch, content_type)
+        patched.setdefault("metadata", {})["name"] = name
+        patched["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return self.store.update(res, ns, patched)
+
+    # -- HTTP ------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/_emulator/"):
+            return await self._control(request)
+        query = {k: v for k, v in request.query.items()}
+        self.requests.append(
+            RequestRecord(
+                request.method,
+                path,
+                query,
+                request.headers.get("Content-Type", ""),
+                request.headers.get("Accept", ""),
+            )
+        )
+        try:
+            failure = self.chaos.take_failure()
+            if failure is not None:
+                code, retry_after = failure
+                if code == 429:
+                    raise status.too_many_requests(retry_after)
+                raise status.internal_error()
+            return await self._dispatch(request, path, query)
+        except ApiStatusError as err:
+            return _status_response(err)
+
+    async def _dispatch(
+        self, request: web.Request, path: str, query: dict[str, str]
+    ) -> web.StreamResponse:
+        parts = [p for p in path.split("/") if p]
+        if path == "/version" or path == "/version/":
+            return _json(VERSION_INFO)
+        if parts == ["api"]:
+            return _json(self.registry.api_versions())
+        if parts == ["apis"]:
+            return _json(self.registry.api_group_list())
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 2:
+            if len(parts) == 2:
+                for g in self.registry.api_group_list()["groups"]:
+                    if g["name"] == parts[1]:
+                        return _json({"kind": "APIGroup", "apiVersion": "v1", **g})
+                raise self._no_route()
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise self._no_route()
+        if not rest:
+            doc = self.registry.resource_list(group, version)
+            if doc is None:
+                raise self._no_route()
+            return _json(doc)
+        target = self._target(group, version, rest)
+        return await self._serve(request, target, query)
+
+    @staticmethod
+    def _no_route() -> ApiStatusError:
+        return status.error(404, "NotFound", "the server could not find the requested resource")
+
+    def _target(self, group: str, version: str, rest: builtins.list[str]) -> _Target:
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            res = self.registry.by_plural(group, version, rest[2])
+            if res is not None and res.namespaced:
+                return _Target(
+                    res,
+                    rest[1],
+                    rest[3] if len(rest) > 3 else None,
+                    rest[4] if len(rest) > 4 else None,
+                    rest[5:],
+                )
+        res = self.registry.by_plural(group, version, rest[0])
+        if res is None or len(rest) > 3:
+            raise self._no_route()
+        return _Target(
+            res, None, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+        )
+
+    def _check_allowed(self, verb: str, target: _Target) -> None:
+        res = target.res
+        for rule in self.forbid_rules:
+            if rule.matches(verb, res.group, res.plural, target.namespace):
+                raise status.forbidden(
+                    self.user, verb, res.group, res.plural, target.namespace, target.name
+                )
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        ctype = request.headers.get("Content-Type", "")
+        try:
+            if "yaml" in ctype:
+                return yaml.safe_load(raw)
+            return orjson.loads(raw) if raw else {}
+        except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+            raise status.bad_request(f"cannot decode request body: {exc}") from exc
+
+    async def _serve(
+        self, request: web.Request, target: _Target, query: dict[str, str]
+    ) -> web.StreamResponse:
+        res, method = target.res, request.method
+        ns = target.namespace or ""
+        as_table = "as=Table" in request.headers.get("Accept", "")
+        if target.subresource not in (None, "status"):
+            raise self._no_route()
+        if method == "GET":
+            if target.name is not None:
+                self._check_allowed("get", target)
+                body = self.store.get(res, ns, target.name)
+                if as_table:
+                    meta = {"resourceVersion": body["metadata"]["resourceVersion"]}
+                    return _json(table(res, [body], meta, query.get("includeObject", "Metadata")))
+                return _json(full_object(res, body))
+            if _truthy(query.get("watch")):
+                self._check_allowed("watch", target)
+                return await self._watch(request, target, query, as_table)
+            self._check_allowed("list", target)
+            return self._list(target, query, as_table)
+        if method == "POST" and target.name is None:
+            self._check_allowed("create", target)
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise status.bad_request("request body must be an object")
+            if res.kind == "SelfSubjectAccessReview":
+                return _json(self._access_review(body), 201)
+            body_ns = (body.get("metadata") or {}).get("namespace")
+            if res.namespaced and body_ns and body_ns != ns:
+                raise status.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            created = self.store.create(res, ns, body)
+            return _json(full_object(res, created), 201)
+        if method == "PUT" and target.name is not None:
+            self._check_allowed("update", target)
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise status.bad_request("request body must be an object")
+            name = (body.get("metadata") or {}).get("name")
+            if name != target.name:
+                raise status.bad_request(
+                    "the name of the object does not match the name on the URL"
+                )
+            if target.subresource == "status":
+                current = self.store.get(res, ns, target.name)
+                body = {**current, "status": body.get("status"), "metadata": body["metadata"]}
+            updated = self.store.update(res, ns, body)
+            return _json(full_object(res, updated))
+        if method == "PATCH" and target.name is not None:
+            self._check_allowed("patch", target)
+            patch = await self._body(request)
+            ctype = request.headers.get("Content-Type", "application/merge-patch+json")
+            if target.subresource == "status" and isinstance(patch, dict):
+                patch = {k: v for k, v in patch.items() if k in ("status", "metadata")}
+            patched = self._patch(res, ns, target.name, patch, ctype)
+            return _json(full_object(res, patched))
+        if method == "DELETE":
+            if target.name is None:
+                self._check_allowed("deletecollection", target)
+                items = self._list_items(target, query)
+                for body in items:
+                    meta = body["metadata"]
+                    self.store.delete(res, meta.get("namespace", ""), meta["name"])
+                return _json(status.success({"kind": res.plural, "group": res.group}))
+            self._check_allowed("delete", target)
+            raw = await request.read()
+            opts = orjson.loads(raw) if raw else {}
+            pre = opts.get("preconditions") or {} if isinstance(opts, dict) else {}
+            deleted = self.store.delete(
+                res,
+                ns,
+                target.name,
+                precondition_rv=pre.get("resourceVersion"),
+                precondition_uid=pre.get("uid"),
+            )
+            meta = deleted["metadata"]
+            return _json(
+                status.success(
+                    {
+                        "name": meta["name"],
+                        "group": res.group,
+                        "kind": res.plural,
+                        "uid": meta.get("uid"),
+                    }
+                )
+            )
+        raise status.error(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+
+    def _access_review(self, body: Body) -> Body:
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        verb = attrs.get("verb", "")
+        group = attrs.get("group", "")
+        resource = attrs.get("resource", "")
+        namespace = attrs.get("namespace") or None
+        denied = any(r.matches(verb, group, resource, namespace) for r in self.forbid_rules)
+        out = {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": body.get("spec") or {},
+            "status": {"allowed": not denied},
+        }
+        if denied:
+            out["status"] = {"allowed": False, "reason": "denied by an emulator forbid rule"}
+        return out
+
+    def _matcher(self, res: ResourceType, query: dict[str, str]) -> Any:
+        return combine(
+            parse_label_selector(query.get("labelSelector")),
+            parse_field_selector(query.get("fieldSelector"), res.selectable_fields),
+        )
+
+    def _list_items(self, target: _Target, query: dict[str, str]) -> builtins.list[Body]:
+        items, _, _, _ = self.store.list_objects(
+            target.res, target.namespace, self._matcher(target.res, query)
+        )
+        return items
+
+    def _parse_rv(self, raw: str) -> int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise status.bad_request(f'invalid resource version "{raw}"') from None
+
+    def _list(self, target: _Target, query: dict[str, str], as_table: bool) -> web.Response:
+        res = target.res
+        matcher = self._matcher(res, query)
+        rv_raw = query.get("resourceVersion", "")
+        match = query.get("resourceVersionMatch", "")
+        limit_raw = query.get("limit")
+        limit = int(limit_raw) if limit_raw and limit_raw.isdigit() and int(limit_raw) > 0 else None
+        cont = query.get("continue") or None
+        if match and not rv_raw:
+            raise status.error(
+                422,
+                "Invalid",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            )
+        exact: int | None = None
+        if rv_raw and rv_raw != "0" and not cont:
+            rv = self._parse_rv(rv_raw)
+            if match == "Exact":
+                exact = rv
+            elif rv > self.store.rv:
+                raise status.too_large_rv()
+        items, list_rv, token, remaining = self.store.list_objects(
+            res,
+            target.namespace,
+            matcher,
+            limit=limit,
+            continue_token=cont,
+            exact_rv=exact,
+        )
+        meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
+        if token:
+            meta["continue"] = token
+            if matcher is None and remaining is not None:
+                meta["remainingItemCount"] = remaining
+        if as_table:
+            return _json(table(res, items, meta, query.get("includeObject", "Metadata")))
+        return _json(
+            {"kind": res.list_kind, "apiVersion": res.api_version, "metadata": meta, "items": items}
+        )
+
+    async def _watch(
+        self, request: web.Request, target: _Target, query: dict[str, str], as_table: bool
+    ) -> web.StreamResponse:
+        res = target.res
+        store = self.store
+        matcher = self._matcher(res, query)
+        bookmarks = _truthy(query.get("allowWatchBookmarks"))
+        rv_raw = query.get("resourceVersion", "")
+        timeout_raw = query.get("timeoutSeconds")
+        timeout = float(timeout_raw) if timeout_raw else DEFAULT_WATCH_TIMEOUT
+        send_initial = self.watch_list and "sendInitialEvents" in query
+        initial_events = send_initial and _truthy(query.get("sendInitialEvents"))
+        if send_initial:
+            if query.get("resourceVersionMatch") != "NotOlderThan":
+                raise status.error(
+                    422,
+                    "Invalid",
+                    'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                )
+            if not bookmarks:
+                raise status.error(
+                    422,
+                    "Invalid",
+                    'ListOptions.meta.k8s.io "" is invalid: allowWatchBookmarks: Forbidden: '
+                    "sendInitialEvents requires setting allowWatchBookmarks to true",
+                )
+        encoder = TableWatchEncoder(query.get("includeObject", "Metadata")) if as_table else None
+        watcher = Watcher(res, target.namespace, matcher, encoder)
+        start_rv = store.rv
+        if initial_events or rv_raw in ("", "0"):
+            if rv_raw not in ("", "0") and self._parse_rv(rv_raw) > store.rv:
+                raise status.too_large_rv()
+            items, _, _, _ = store.list_objects(res, target.namespace, matcher)
+            for body in items:
+                watcher.pending.append(
+                    (int(body["metadata"]["resourceVersion"]), watcher.encode("ADDED", body))
+                )
+            if initial_events:
+                line = (
+                    watcher.encode("BOOKMARK", bookmark_object(res, start_rv, True))
+                    if encoder is not None
+                    else encode_event("BOOKMARK", bookmark_object(res, start_rv, True))
+                )
+                watcher.pending.append((start_rv, line))
+        else:
+            from_rv = self._parse_rv(rv_raw)
+            if from_rv > store.rv:
+                raise status.too_large_rv()
+            if from_rv < store.compacted_rv:
+                err = status.too_old(from_rv, store.compacted_rv)
+                if self.chaos.expired_mode == "http":
+                    raise err
+                resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+                resp.enable_chunked_encoding()
+                await resp.prepare(request)
+                await resp.write(encode_event("ERROR", err.status))
+                await resp.write_eof()
+                return resp
+            start_rv = from_rv
+            store.replay(watcher, from_rv)
+        store.add_watcher(watcher)
+        try:
+            return await self._stream(request, watcher, start_rv, bookmarks, timeout)
+        finally:
+            store.remove_watcher(watcher)
+
+    def _bookmark_line(self, watcher: Watcher, rv: int) -> bytes:
+        obj = bookmark_object(watcher.res, rv)
+        if watcher.encoder is not None:
+            return watcher.encode("BOOKMARK", {"metadata": obj["metadata"]})
+        return encode_event("BOOKMARK", obj)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        watcher: Watcher,
+        last_rv: int,
+        bookmarks: bool,
+        timeout: float,
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        deadline = loop.time() + timeout
+        next_bookmark = loop.time() + self.bookmark_interval
+        try:
+            while True:
+                if watcher.kill == "stop":
+                    break
+                if watcher.kill is not None:
+                    if watcher.kill == "truncate":
+                        line = (
+                            watcher.pending[0][1]
+                            if watcher.pending
+                            else self._bookmark_line(watcher, max(last_rv, self.store.rv))
+                        )
+                        await resp.write(line[: max(1, len(line) // 2)])
+                    self._abort(request)
+                    return resp
+                wait: float | None = None
+                if not self.chaos.stalled:
+                    if watcher.pending:
+                        chunk = []
+                        while watcher.pending:
+                            rv, line = watcher.pending.popleft()
+                            last_rv = max(last_rv, rv)
+                            chunk.append(line)
+                        await resp.write(b"".join(chunk))
+                        continue
+                    now = loop.time()
+                    if now >= deadline:
+                        if bookmarks:
+                            # The last word before a timeout close, like the real server.
+                            last_rv = max(last_rv, self.store.rv)
+                            await resp.write(self._bookmark_line(watcher, last_rv))
+                        break
+                    if bookmarks and now >= next_bookmark:
+                        last_rv = max(last_rv, self.store.rv)
+                        await resp.write(self._bookmark_line(watcher, last_rv))
+                        next_bookmark = now + self.bookmark_interval
+                        continue
+                    wait = (min(deadline, next_bookmark) if bookmarks else deadline) - now
+                watcher.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watcher.wake.wait(), timeout=wait)
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            # The client went away mid-write; nothing left to tell it.
+            self._abort(request)
+        return resp
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+
+    # -- control endpoints -------------------------------------------------------
+
+    async def _control(self, request: web.Request) -> web.StreamResponse:
+        action = request.path[len("/_emulator/") :].strip("/")
+        raw = await request.read()
+        args: dict[str, Any] = orjson.loads(raw) if raw else {}
+        args.update(request.query)
+        try:
+            result: Any = None
+            if action == "drop_watches":
+                result = self.chaos.drop_watches()
+            elif action == "truncate_watches":
+                result = self.chaos.truncate_watches()
+            elif action == "stall_watches":
+                self.chaos.stall_watches()
+            elif action == "resume_watches":
+                self.chaos.resume_watches()
+            elif action == "fail_next":
+                self.chaos.fail_next(
+                    int(args.get("n", 1)),
+                    int(args.get("status", 500)),
+                    float(args.get("retry_after", 1.0)),
+                )
+            elif action == "compact":
+                rv = args.get("rv")
+                result = self.chaos.compact(int(rv) if rv is not None else None)
+            elif action == "expired_mode":
+                mode: ExpiredMode = "http" if args.get("mode") == "http" else "event"
+                self.chaos.set_expired_mode(mode)
+            elif action == "huge_object":
+                result = self.chaos.huge_object(
+                    str(args.get("name", "huge")),
+                    str(args.get("namespace", "default")),
+                    int(args.get("size", 2 * 1024 * 1024)),
+                )["metadata"]
+            elif action == "register_resource":
+                self.register_resource(
+                    group=str(args["group"]),
+                    version=str(args["version"]),
+                    kind=str(args["kind"]),
+                    plural=str(args["plural"]),
+                    namespaced=bool(args.get("namespaced", True)),
+                    short_names=list(args.get("short_names") or []),
+                )
+            elif action == "forbid":
+                self.forbid(
+                    verb=args.get("verb"),
+                    resource=args.get("resource"),
+                    group=args.get("group"),
+                    namespace=args.get("namespace"),
+                )
+            elif action == "requests":
+                result = [
+                    {"method": r.method, "path": r.path, "query": r.query} for r in self.requests
+                ]
+            elif action == "state":
+                result = {
+                    "resourceVersion": self.store.rv,
+                    "compactedResourceVersion": self.store.compacted_rv,
+                    "watchers": len(self.store.all_watchers()),
+                }
+            else:
+                return _json({"error": f"unknown action {action!r}"}, 404)
+        except (KeyError, ValueError, TypeError) as exc:
+            return _json({"error": str(exc)}, 400)
+        return _json({"ok": True, "result": result})
+
+
+def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "emulator") -> Path:
+    """A kubeconfig pointing at ``url`` with a dummy token (the emulator does not authenticate)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": f"{context}-admin", "user": {"token": "emulator"}}],
+        "contexts": [
+            {
+                "name": context,
+                "context": {"cluster": context, "user": f"{context}-admin", "namespace": "default"},
+            }
+        ],
+        "current-context": context,
+        "preferences": {},
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(config, sort_keys=False))
+    return out
