@@ -1,0 +1,367 @@
+"""The one HTTP door to the Kubernetes API server.
+
+Configuration (kubeconfig contexts, exec plugins, tokens, client certificates,
+CA bundles, in-cluster service accounts) is read with kubernetes-asyncio's
+loaders, so every auth method they know works here; the requests themselves
+go through one aiohttp session and return raw bytes or orjson-decoded dicts,
+never generated model objects. Every transport failure becomes a
+``bridge.errors`` exception here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from kubernetes_asyncio.client import Configuration
+from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+
+from bridge.errors import ConfigError, KubeConnectionError, UnauthorizedError, status_error
+
+log = structlog.get_logger(__name__)
+
+Params = Mapping[str, str | int | bool] | None
+
+# A plain request (not a watch) that takes longer than this is treated as a broken connection.
+_REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=15)
+# Watches run for minutes by design; the reflector's watchdog notices silent ones.
+_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_read=None)
+
+
+def _query(params: Params) -> dict[str, str]:
+    if not params:
+        return {}
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _ssl_context(cfg: Configuration) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class KubeClient:
+    """Raw JSON access to one API server. Create with ``from_kubeconfig`` or ``in_cluster``."""
+
+    def __init__(self, configuration: Configuration, *, loader: Any = None) -> None:
+        self._cfg = configuration
+        # Kept to re-run an exec credential plugin when its token expires.
+        self._loader = loader
+        self.host: str = str(configuration.host).rstrip("/")
+        connector: aiohttp.BaseConnector
+        if self.host.startswith("https://"):
+            connector = aiohttp.TCPConnector(ssl=_ssl_context(configuration), limit=0)
+        else:
+            connector = aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector, read_bufsize=2**20, trust_env=False
+        )
+        self._proxy: str | None = configuration.proxy or None
+        self._server_hostname: str | None = getattr(configuration, "tls_server_name", None)
+
+    @classmethod
+    async def from_kubeconfig(
+        cls, path: str | None = None, context: str | None = None
+    ) -> KubeClient:
+        """Client from a kubeconfig file.
+
+        With no path: the in-cluster service account when running in a pod,
+        else ``$KUBECONFIG`` (its first entry) or ``~/.kube/config``.
+        """
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return cls.in_cluster()
+        if path is None:
+            env = os.environ.get("KUBECONFIG", "")
+            path = env.split(os.pathsep)[0] if env else str(Path.home() / ".kube" / "config")
+        cfg = Configuration()
+        try:
+            loader = await load_kube_config(
+                config_file=path, context=context, client_configuration=cfg, persist_config=False
+            )
+        except FileNotFoundError as e:
+            raise ConfigError(f"cluster.kubeconfig: file not found: {path}") from e
+        except (ConfigException, KeyError, ValueError, TypeError) as e:
+            raise ConfigError(f"cluster.kubeconfig: cannot load {path}: {e}") from e
+        return cls(cfg, loader=loader)
+
+    @classmethod
+    def in_cluster(cls) -> KubeClient:
+        """Client from the pod's service account (token re-read as it rotates)."""
+        cfg = Configuration()
+        try:
+            load_incluster_config(client_configuration=cfg)
+        except ConfigException as e:
+            raise ConfigError(f"cluster: in-cluster config unavailable: {e}") from e
+        return cls(cfg)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- auth -------------------------------------------------------------
+
+    async def _headers(self, accept: str = "application/json") -> dict[str, str]:
+        loader = self._loader
+        if loader is not None and _exec_token_expired(loader):
+            await self._refresh_exec_token()
+        headers = {"Accept": accept}
+        # auth_settings() runs the loader's refresh hook (in-cluster token rotation).
+        auth = await self._cfg.auth_settings()
+        bearer = auth.get("BearerToken")
+        if bearer and bearer.get("value"):
+            headers["Authorization"] = str(bearer["value"])
+        elif self._cfg.username:
+            basic = aiohttp.BasicAuth(self._cfg.username, self._cfg.password or "")
+            headers["Authorization"] = basic.encode()
+        return headers
+
+    async def _refresh_exec_token(self) -> bool:
+        loader = self._loader
+        if loader is None or "exec" not in getattr(loader, "_user", {}):
+            return False
+        if hasattr(loader, "exec_plugin_expiry"):
+            del loader.exec_plugin_expiry
+        try:
+            ok = await loader.load_from_exec_plugin()
+        except Exception as e:  # the plugin is foreign code; its failure is a config problem
+            raise ConfigError(f"cluster.kubeconfig: exec credential plugin failed: {e}") from e
+        if ok and getattr(loader, "token", None):
+            self._cfg.api_key["BearerToken"] = loader.token
+        return bool(ok)
+
+    # -- requests ---------------------------------------------------------
+
+    async def _raise_for_status(self, resp: aiohttp.ClientResponse) -> None:
+        if resp.status < 400:
+            return
+        body = await resp.read()
+        status: dict[str, Any]
+        try:
+            decoded = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict) and decoded.get("kind") == "Status":
+            status = decoded
+        else:
+            text = body[:300].decode("utf-8", "replace").strip()
+            status = {"kind": "Status", "code": resp.status, "message": text or resp.reason or ""}
+        raise status_error(status, http_code=resp.status, retry_after=_retry_after(resp.headers))
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Params,
+        body: bytes | None,
+        content_type: str | None,
+        timeout: aiohttp.ClientTimeout,
+        accept: str = "application/json",
+    ) -> aiohttp.ClientResponse:
+        headers = await self._headers(accept)
+        if content_type and body is not None:
+            headers["Content-Type"] = content_type
+        url = self.host + path
+        try:
+            resp = await self._session.request(
+                method,
+                url,
+                params=_query(params),
+                data=body,
+                headers=headers,
+                timeout=timeout,
+                proxy=self._proxy,
+                server_hostname=self._server_hostname,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
+        if resp.status == 401 and self._loader is not None:
+            # An exec plugin's token may have been revoked before its stated expiry.
+            resp.release()
+            if await self._refresh_exec_token():
+                headers = await self._headers(accept)
+                if content_type and body is not None:
+                    headers["Content-Type"] = content_type
+                try:
+                    resp = await self._session.request(
+                        method,
+                        url,
+                        params=_query(params),
+                        data=body,
+                        headers=headers,
+                        timeout=timeout,
+                        proxy=self._proxy,
+                        server_hostname=self._server_hostname,
+                    )
+                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                    raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
+            else:
+                raise UnauthorizedError(f"{method} {path}: Unauthorized", code=401)
+        return resp
+
+    async def request_json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One request; the decoded JSON answer. Errors become ``bridge.errors``."""
+        data: bytes | None
+        if body is None or isinstance(body, bytes):
+            data = body
+        else:
+            data = orjson.dumps(body)
+        resp = await self._send(method, path, params, data, content_type, _REQUEST_TIMEOUT)
+        try:
+            await self._raise_for_status(resp)
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
+        finally:
+            resp.release()
+        try:
+            decoded = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise KubeConnectionError(f"{method} {path}: answer is not JSON: {e}") from e
+        if not isinstance(decoded, dict):
+            raise KubeConnectionError(f"{method} {path}: answer is not a JSON object")
+        return decoded
+
+    def stream(
+        self, method: str, path: str, params: Params = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """Open a streaming request; the context yields its lines (without newline).
+
+        Lines have no length limit (objects of several MiB pass). Opening raises
+        ``ApiStatusError``; a stream that breaks raises ``KubeConnectionError``.
+        """
+        return self.stream_decoded(method, path, params, decode=None)
+
+    def stream_decoded(
+        self,
+        method: str,
+        path: str,
+        params: Params = None,
+        *,
+        decode: Callable[[bytes], Any] | None = orjson.loads,
+    ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
+        """Like ``stream`` but each line goes through ``decode`` (orjson.loads by default)."""
+        return _open_stream(self, method, path, params, decode)
+
+
+@asynccontextmanager
+async def _open_stream(
+    client: KubeClient,
+    method: str,
+    path: str,
+    params: Params,
+    decode: Callable[[bytes], Any] | None,
+) -> AsyncIterator[AsyncIterator[Any]]:
+    resp = await client._send(method, path, params, None, None, _STREAM_TIMEOUT)
+    try:
+        await client._raise_for_status(resp)
+        lines = _lines(resp, method, path, decode)
+        try:
+            yield lines
+        finally:
+            await lines.aclose()
+    finally:
+        # close, not release: an unfinished chunked body cannot go back to the pool.
+        resp.close()
+
+
+async def _lines(
+    resp: aiohttp.ClientResponse,
+    method: str,
+    path: str,
+    decode: Callable[[bytes], Any] | None,
+) -> AsyncGenerator[Any, None]:
+    # Own line splitting: aiohttp's readline() refuses lines above its buffer limit.
+    pending: list[bytes] = []
+    content = resp.content
+    try:
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            if b"\n" not in chunk:
+                pending.append(chunk)
+                continue
+            if pending:
+                pending.append(chunk)
+                chunk = b"".join(pending)
+                pending.clear()
+            lines = chunk.split(b"\n")
+            tail = lines.pop()
+            if tail:
+                pending.append(tail)
+            if decode is None:
+                for line in lines:
+                    if line:
+                        yield line
+            else:
+                for line in lines:
+                    if line:
+                        try:
+                            item = decode(line)
+                        except ValueError as e:
+                            raise KubeConnectionError(
+                                f"{method} {path}: undecodable line ({len(line)} bytes): {e}"
+                            ) from e
+                        yield item
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise KubeConnectionError(f"{method} {path}: stream broke: {_describe(e)}") from e
+    if pending:
+        # A line without its newline at the end of the body: the connection was cut mid-object.
+        raise KubeConnectionError(f"{method} {path}: stream truncated mid-line")
+
+
+def _exec_token_expired(loader: Any) -> bool:
+    expiry = getattr(loader, "exec_plugin_expiry", None)
+    if expiry is None:
+        return False
+    now = datetime.datetime.now(tz=expiry.tzinfo) if expiry.tzinfo else datetime.datetime.now()
+    # Refresh a little early so a request does not race the expiry.
+    return bool(now + datetime.timedelta(seconds=10) >= expiry)
+
+
+def _describe(e: BaseException) -> str:
+    # Connection errors can embed request headers in some aiohttp versions; keep the class and a short text.
+    text = str(e).split("\n")[0][:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,0 +1,118 @@
+"""LIST and WATCH of one resource in one scope, as raw JSON (client-go's ListWatch)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, cast
+
+import orjson
+
+from bridge.kube.client import KubeClient
+from bridge.kube.discovery import ResourceInfo
+from bridge.kube.objects import ListResponse, WatchEvent
+from bridge.kube.protocols import ListOptions, WatchOptions
+
+
+class ListWatch:
+    """``ListerWatcher`` for one resource in one namespace (or all, when ``namespace`` is None).
+
+    Selectors go to the server. LIST items come back without kind/apiVersion
+    (as the API server sends them); they are filled in so downstream code can
+    name the object.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: ResourceInfo,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.path = resource.path(namespace)
+
+    def __repr__(self) -> str:
+        scope = self.namespace or "*"
+        return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope})"
+
+    def _selectors(self, params: dict[str, str | int | bool]) -> None:
+        if self.label_selector:
+            params["labelSelector"] = self.label_selector
+        if self.field_selector:
+            params["fieldSelector"] = self.field_selector
+
+    async def list(self, options: ListOptions) -> ListResponse:
+        params: dict[str, str | int | bool] = {}
+        self._selectors(params)
+        if options.resource_version is not None:
+            params["resourceVersion"] = options.resource_version
+        if options.resource_version_match:
+            params["resourceVersionMatch"] = options.resource_version_match
+        if options.limit:
+            params["limit"] = options.limit
+        if options.continue_token:
+            params["continue"] = options.continue_token
+        if options.timeout_seconds:
+            params["timeoutSeconds"] = options.timeout_seconds
+        result = await self.client.request_json("GET", self.path, params=params)
+        kind = self.resource.kind
+        api_version = self.resource.api_version
+        for item in result.get("items") or ():
+            if "kind" not in item:
+                item["kind"] = kind
+                item["apiVersion"] = api_version
+        return cast(ListResponse, result)
+
+    def watch(
+        self, options: WatchOptions
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        params: dict[str, str | int | bool] = {"watch": 1}
+        self._selectors(params)
+        if options.resource_version is not None:
+            params["resourceVersion"] = options.resource_version
+        if options.timeout_seconds:
+            params["timeoutSeconds"] = options.timeout_seconds
+        if options.allow_watch_bookmarks:
+            params["allowWatchBookmarks"] = True
+        if options.send_initial_events is not None:
+            params["sendInitialEvents"] = options.send_initial_events
+        if options.resource_version_match:
+            params["resourceVersionMatch"] = options.resource_version_match
+        stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
+            "GET", self.path, params, decode=orjson.loads
+        )
+        return stream
+
+
+def list_watches_for(
+    client: KubeClient,
+    resource: ResourceInfo,
+    namespaces: list[str],
+    *,
+    label_selector: str = "",
+    field_selector: str = "",
+) -> list[ListWatch]:
+    """One ListWatch per namespace; an empty list (or a cluster-scoped kind) means one for all."""
+    if not namespaces or not resource.namespaced:
+        return [
+            ListWatch(
+                client, resource, label_selector=label_selector, field_selector=field_selector
+            )
+        ]
+    return [
+        ListWatch(
+            client,
+            resource,
+            namespace=ns,
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
+        for ns in dict.fromkeys(namespaces)
+    ]

@@ -1,0 +1,506 @@
+"""client-go's Reflector: keep a store in step with one resource by LIST then WATCH.
+
+The loop (``run``) lists (or streams the list, KEP-3157), replaces the store,
+then watches from the list's resourceVersion; a watch that ends cleanly is
+re-opened from the last seen resourceVersion, a 410 relists, other failures
+back off and relist. Semantics follow ``tools/cache/reflector.go`` and
+``tools/pager/pager.go``; the statement numbers in comments refer to
+INFORMER-CHECKLIST.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import structlog
+
+from bridge.errors import (
+    ApiStatusError,
+    ExpiredError,
+    KubeConnectionError,
+    KubeError,
+    TooLargeResourceVersionError,
+    TooManyRequestsError,
+    WatchStalledError,
+    status_error,
+)
+from bridge.kube.backoff import Backoff
+from bridge.kube.objects import (
+    INITIAL_EVENTS_END_ANNOTATION,
+    RawObject,
+    WatchEvent,
+    namespace_key,
+)
+from bridge.kube.protocols import ListerWatcher, ListOptions, ReflectorStore, WatchOptions
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ReflectorSettings:
+    # LIST page size. As in client-go, a relist at a specific resourceVersion is
+    # not paginated (so the watch cache can serve it) unless paginate_relists is
+    # set or the first list came back paginated.
+    page_size: int | None = 500
+    paginate_relists: bool = False
+    # Streaming lists (sendInitialEvents): "auto" tries them and falls back to
+    # LIST+WATCH for good if the server does not support them.
+    watch_list: Literal["auto", "on", "off"] = "auto"
+    min_watch_timeout: float = 300
+    max_watch_timeout: float = 600
+    # A watch that delivers nothing (not even a bookmark) for this long is dead.
+    idle_timeout: float = 150.0
+    backoff_initial: float = 0.8
+    backoff_cap: float = 30.0
+    backoff_reset: float = 120.0
+    # A watch that closes this soon with no events is an error, not a timeout.
+    short_watch: float = 1.0
+    # "auto" streaming list: a server that honours sendInitialEvents sends the
+    # initial-events-end bookmark right after the last synthetic ADDED; this
+    # long a silence without it means the flag was ignored.
+    initial_events_quiet: float = 10.0
+
+
+class VeryShortWatchError(KubeError):
+    """A watch closed almost at once without delivering anything (checklist 11)."""
+
+
+class _InitialEventsIgnored(KubeError):
+    """The server answered a streaming list like a plain watch (checklist 18)."""
+
+
+_INF = math.inf
+
+
+class _Watchdog:
+    """Cancels the current task when ``last`` has not moved for ``timeout`` seconds.
+
+    The reader sets ``last`` to the loop time on each event and to ``inf``
+    while it waits on the store, so backpressure from a slow consumer never
+    counts as a silent server. Checking lazily keeps the per-event cost to one
+    float assignment, unlike rescheduling a timer per event.
+    """
+
+    def __init__(self, timeout: float, error: Callable[[], BaseException]) -> None:
+        self.timeout = timeout
+        self.error = error
+        self.last = 0.0
+        self.count = 0
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> _Watchdog:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.last = self._loop.time()
+        self._handle = self._loop.call_at(self.last + self.timeout, self._check)
+        return self
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        last = self.last
+        if last == _INF:
+            self._handle = self._loop.call_at(now + self.timeout, self._check)
+        elif now - last >= self.timeout:
+            self.fired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(last + self.timeout, self._check)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self.fired and exc_type is asyncio.CancelledError and self._task.uncancel() == 0:
+            raise self.error() from exc
+
+
+class Reflector:
+    """Keeps ``store`` in step with what ``lw`` lists and watches, until cancelled."""
+
+    def __init__(
+        self,
+        lw: ListerWatcher,
+        store: ReflectorStore,
+        *,
+        name: str = "",
+        settings: ReflectorSettings | None = None,
+        resource_version: str | None = None,
+        resync_period: float | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._lw = lw
+        self._store = store
+        self.name = name or repr(lw)
+        self.settings = settings or ReflectorSettings()
+        s = self.settings
+        self._resync_period = resync_period
+        self._rng = rng
+        self._backoff = Backoff(
+            initial=s.backoff_initial,
+            cap=s.backoff_cap,
+            reset_after=s.backoff_reset,
+            rng=rng,
+            clock=_loop_time,
+        )
+        self._start_rv = resource_version
+        self._last_sync_rv = ""
+        self._rv_unavailable = False
+        self._paginated_result = False
+        # None: not tried yet; False: the server does not do streaming lists.
+        self._watch_list_supported: bool | None = None
+        self._relist_reason = "initial"
+        self._synced = False
+        self.relists: collections.Counter[str] = collections.Counter()
+        self.watch_restarts: collections.Counter[str] = collections.Counter()
+        self._log = log.bind(reflector=self.name)
+
+    # -- state ------------------------------------------------------------
+
+    @property
+    def last_sync_resource_version(self) -> str:
+        return self._last_sync_rv
+
+    @property
+    def is_last_sync_resource_version_unavailable(self) -> bool:
+        return self._rv_unavailable
+
+    @property
+    def has_synced_once(self) -> bool:
+        """True once a list (or streamed list) has replaced the store."""
+        return self._synced
+
+    @property
+    def uses_watch_list(self) -> bool:
+        mode = self.settings.watch_list
+        return mode == "on" or (mode == "auto" and self._watch_list_supported is not False)
+
+    def _relist_resource_version(self) -> str:
+        # Checklist 1/2/8: "0" first (watch cache), the last RV on relists, "" after a 410.
+        if self._rv_unavailable:
+            return ""
+        return self._last_sync_rv or "0"
+
+    def _watch_timeout(self) -> int:
+        s = self.settings
+        return int(s.min_watch_timeout + self._rng() * (s.max_watch_timeout - s.min_watch_timeout))
+
+    # -- the loop ---------------------------------------------------------
+
+    async def run(self) -> None:
+        """ListAndWatch until cancelled; failures back off and retry, never escape."""
+        resync: asyncio.Task[None] | None = None
+        if self._resync_period:
+            resync = asyncio.create_task(self._resync_loop(), name=f"resync {self.name}")
+        try:
+            while True:
+                retry_after: float | None = None
+                try:
+                    await self._list_and_watch()
+                except KubeError as e:
+                    self._relist_reason = _relist_reason(e)
+                    if isinstance(e, ApiStatusError):
+                        retry_after = e.retry_after
+                    self._log.warning("list/watch failed", error=str(e), kind=type(e).__name__)
+                await self._backoff.wait(retry_after)
+        finally:
+            if resync is not None:
+                resync.cancel()
+                await asyncio.wait([resync])
+
+    async def _resync_loop(self) -> None:
+        assert self._resync_period
+        while True:
+            await asyncio.sleep(self._resync_period)
+            if self._synced:
+                try:
+                    await self._store.resync()
+                except Exception as e:  # a store bug must not stop the reflector
+                    self._log.error("resync failed", error=str(e))
+
+    async def _list_and_watch(self) -> None:
+        """One round: (list or streamed list or resume), then watch until a relist is due.
+
+        Returns when the watch ended in a way that needs a relist (checklist 8);
+        raises KubeError for failures.
+        """
+        async with AsyncExitStack() as stack:
+            events: AsyncIterator[WatchEvent] | None = None
+            if self._start_rv is not None:
+                # Resuming from a checkpoint: the store already holds that state.
+                self._last_sync_rv, self._start_rv = self._start_rv, None
+            else:
+                self.relists[self._relist_reason] += 1
+                self._relist_reason = "error"
+                if self.uses_watch_list:
+                    events = await self._watch_list(stack)
+                if events is None:
+                    await self._list()
+            await self._watch(events, stack)
+
+    # -- LIST -------------------------------------------------------------
+
+    async def _list(self) -> None:
+        s = self.settings
+        rv = self._relist_resource_version()
+        page_size = s.page_size
+        if not (s.paginate_relists or self._paginated_result) and rv not in ("", "0"):
+            page_size = None  # Checklist 4: a specific RV is served whole from the watch cache.
+        try:
+            items, list_rv, paginated = await self._paged_list(rv, page_size)
+        except (ExpiredError, TooLargeResourceVersionError):
+            # Checklist 2: that RV is gone (or not yet there): list the latest instead.
+            self._rv_unavailable = True
+            items, list_rv, paginated = await self._paged_list("", page_size)
+        if rv == "0" and paginated:
+            # The watch cache did not serve "0": keep paginating later relists.
+            self._paginated_result = True
+        self._rv_unavailable = False
+        await self._store.replace(items, list_rv)
+        self._last_sync_rv = list_rv
+        self._synced = True
+        self._log.debug("listed", items=len(items), resource_version=list_rv)
+
+    async def _paged_list(self, rv: str, limit: int | None) -> tuple[list[RawObject], str, bool]:
+        """client-go's pager: pages joined into one list; 410 on page >= 2 → one full list."""
+        options = ListOptions(resource_version=rv, limit=limit)
+        items: list[RawObject] = []
+        list_rv: str | None = None
+        while True:
+            try:
+                page = await self._lw.list(options)
+            except ExpiredError:
+                if not options.continue_token:
+                    raise
+                # Checklist 3: the continue token expired mid-way: restart as one full list.
+                page = await self._lw.list(ListOptions(resource_version=rv))
+                meta = page.get("metadata") or {}
+                return list(page.get("items") or ()), str(meta.get("resourceVersion", "")), True
+            meta = page.get("metadata") or {}
+            cont = meta.get("continue")
+            if list_rv is None:
+                list_rv = str(meta.get("resourceVersion", ""))
+                if not cont:
+                    return list(page.get("items") or ()), list_rv, False
+            items.extend(page.get("items") or ())
+            if not cont:
+                return items, list_rv, True
+            # Continuation pages carry the snapshot in the token; RV must not be repeated.
+            options = ListOptions(limit=limit, continue_token=str(cont))
+
+    # -- streaming list (KEP-3157) ----------------------------------------
+
+    async def _watch_list(self, stack: AsyncExitStack) -> AsyncIterator[WatchEvent] | None:
+        """Stream the initial state; returns the open stream to keep watching on,
+        or None to fall back to LIST for this round (checklist 16-18)."""
+        auto = self.settings.watch_list == "auto"
+        while True:
+            rv = "" if self._rv_unavailable else self._last_sync_rv
+            options = WatchOptions(
+                resource_version=rv,
+                timeout_seconds=self._watch_timeout(),
+                allow_watch_bookmarks=True,
+                send_initial_events=True,
+                resource_version_match="NotOlderThan",
+            )
+            attempt = AsyncExitStack()
+            try:
+                events = await attempt.enter_async_context(self._lw.watch(options))
+                items, bookmark_rv = await self._initial_events(events, auto)
+            except (KubeConnectionError, TooManyRequestsError) as e:
+                await attempt.aclose()
+                self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
+                await self._backoff.wait(getattr(e, "retry_after", None))
+                continue
+            except (ExpiredError, TooLargeResourceVersionError):
+                await attempt.aclose()
+                self._rv_unavailable = True
+                continue
+            except (ApiStatusError, _InitialEventsIgnored) as e:
+                await attempt.aclose()
+                if auto:
+                    self._watch_list_supported = False
+                self._log.info("streaming list unavailable, listing", error=str(e))
+                return None
+            except BaseException:
+                await attempt.aclose()
+                raise
+            stack.push_async_exit(attempt)
+            self._watch_list_supported = True
+            self._rv_unavailable = False
+            # Checklist 16: replace at once, at the bookmark's RV, then go on with this stream.
+            await self._store.replace(items, bookmark_rv)
+            self._last_sync_rv = bookmark_rv
+            self._synced = True
+            return events
+
+    async def _initial_events(
+        self, events: AsyncIterator[WatchEvent], auto: bool
+    ) -> tuple[list[RawObject], str]:
+        s = self.settings
+        buffered: dict[str, RawObject] = {}
+        if auto:
+            quiet = min(s.initial_events_quiet, s.idle_timeout)
+            watchdog = _Watchdog(
+                quiet, lambda: _InitialEventsIgnored("no initial-events-end bookmark")
+            )
+        else:
+            watchdog = _Watchdog(
+                s.idle_timeout, lambda: WatchStalledError("streaming list stalled")
+            )
+        loop_time = asyncio.get_running_loop().time
+        async with watchdog:
+            async for event in events:
+                watchdog.last = loop_time()
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                # Checklist 17: no RV moves from synthetic ADDED events; only the bookmark's counts.
+                if kind == "ADDED":
+                    buffered[namespace_key(obj)] = obj
+                elif kind == "BOOKMARK":
+                    md = obj.get("metadata") or {}
+                    if (md.get("annotations") or {}).get(INITIAL_EVENTS_END_ANNOTATION) == "true":
+                        return list(buffered.values()), str(md.get("resourceVersion", ""))
+                    if auto:
+                        raise _InitialEventsIgnored("plain bookmark before initial-events-end")
+                elif kind == "ERROR":
+                    raise status_error(obj)
+                elif auto:
+                    # Live changes before the end marker: the server streamed a plain watch.
+                    raise _InitialEventsIgnored(f"{kind} before initial-events-end")
+                elif kind == "MODIFIED":
+                    buffered[namespace_key(obj)] = obj
+                elif kind == "DELETED":
+                    buffered.pop(namespace_key(obj), None)
+        raise _InitialEventsIgnored("stream ended before initial-events-end")
+
+    # -- WATCH ------------------------------------------------------------
+
+    async def _watch(self, events: AsyncIterator[WatchEvent] | None, stack: AsyncExitStack) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            propagate = True
+            if events is None:
+                rv = self._last_sync_rv
+                # Synthetic ADDED events of a watch from ""/"0" come in no RV order.
+                propagate = rv not in ("", "0")
+                options = WatchOptions(
+                    resource_version=rv,
+                    timeout_seconds=self._watch_timeout(),
+                    allow_watch_bookmarks=True,
+                )
+                stack = AsyncExitStack()
+                try:
+                    events = await stack.enter_async_context(self._lw.watch(options))
+                except (KubeConnectionError, TooManyRequestsError) as e:
+                    # Checklist 10: the server is busy or away; our RV is still good.
+                    await stack.aclose()
+                    self.watch_restarts[_restart_reason(e)] += 1
+                    await self._backoff.wait(getattr(e, "retry_after", None))
+                    continue
+                # Anything else (410, 5xx, 403...) ends the round: relist after backoff (checklist 9).
+            watchdog = _Watchdog(s.idle_timeout, lambda: WatchStalledError("watch silent"))
+            reason = "closed"
+            retry_after: float | None = None
+            try:
+                async with watchdog:
+                    await self._consume(events, propagate, watchdog)
+            except WatchStalledError:
+                # Checklist 13: a silent connection; the RV is still good.
+                reason = "stalled"
+            except KubeConnectionError as e:
+                reason = "broken"
+                self._log.info("watch broke", error=str(e))
+            except TooManyRequestsError as e:
+                reason = "throttled"
+                retry_after = e.retry_after
+            finally:
+                await stack.aclose()
+                events = None
+            if watchdog.count == 0 and loop.time() - start < s.short_watch and reason != "stalled":
+                raise VeryShortWatchError(
+                    f"watch closed after {loop.time() - start:.3f}s with no events"
+                )
+            self.watch_restarts[reason] += 1
+            if reason == "throttled":
+                await self._backoff.wait(retry_after)
+            # Checklist 7: otherwise re-watch at once from the last RV.
+
+    async def _consume(
+        self, events: AsyncIterator[WatchEvent], propagate: bool, watchdog: _Watchdog
+    ) -> None:
+        """The hot loop: one store call per event, RV bookkeeping, nothing else."""
+        store = self._store
+        add, update, delete = store.add, store.update, store.delete
+        loop_time = asyncio.get_running_loop().time
+        n = 0
+        try:
+            async for event in events:
+                kind = event.get("type")
+                obj: Any = event.get("object")
+                watchdog.last = _INF
+                if kind == "MODIFIED":
+                    await update(obj)
+                elif kind == "ADDED":
+                    await add(obj)
+                elif kind == "DELETED":
+                    await delete(obj)
+                elif kind == "BOOKMARK":
+                    pass  # Checklist 6: only the RV moves.
+                elif kind == "ERROR":
+                    # Checklist 8: a 410 here ends the round; the relist is at the last RV.
+                    raise status_error(obj if isinstance(obj, dict) else {})
+                else:
+                    watchdog.last = loop_time()
+                    self._log.warning("unknown watch event type", type=kind)
+                    continue
+                watchdog.last = loop_time()
+                n += 1
+                if propagate or kind != "ADDED":
+                    propagate = True
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self._last_sync_rv = rv
+        finally:
+            watchdog.count = n
+
+
+def _loop_time() -> float:
+    # The loop's clock, so fake-time test loops drive the backoff reset too.
+    return asyncio.get_running_loop().time()
+
+
+def _restart_reason(e: BaseException) -> str:
+    if isinstance(e, TooManyRequestsError):
+        return "throttled"
+    if isinstance(e, WatchStalledError):
+        return "stalled"
+    return "connection"
+
+
+def _relist_reason(e: BaseException) -> str:
+    if isinstance(e, ExpiredError | TooLargeResourceVersionError):
+        return "expired"
+    if isinstance(e, VeryShortWatchError):
+        return "short_watch"
+    if isinstance(e, TooManyRequestsError):
+        return "throttled"
+    if isinstance(e, KubeConnectionError):
+        return "connection"
+    return "error"
