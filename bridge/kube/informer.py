@@ -1,0 +1,368 @@
+"""client-go's SharedIndexInformer, asyncio-native.
+
+A Reflector fills a FIFO; one processing loop pops it, keeps the cache
+(``Indexer``) in step and calls the handlers. Handlers are awaited one after
+another, in registration order, for every notification: a slow handler stops
+the loop, the FIFO fills up to ``max_queued``, and the reflector waits, which
+is how a slow sink slows the watch instead of growing memory.
+
+Notifications follow client-go's ``HandleDeltas``:
+
+- Added / Updated / Replaced / Sync: the cache is updated; handlers get
+  ``on_update(old, new)`` if the key was cached, else ``on_add(new, initial)``.
+  An update whose resourceVersion equals the cached one (a Sync, or a relist
+  echo) is a *resync* and goes only to handlers due a resync.
+- Deleted: the key leaves the cache; handlers get ``on_delete(obj)``, where
+  ``obj`` may be a ``DeletedFinalStateUnknown`` whose ``obj`` is None.
+
+Slim mode keeps per key only what change detection needs (identity,
+resourceVersion and a fingerprint), so a large cluster costs little memory;
+handlers still receive the full new object, while ``old`` is the slim record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import structlog
+
+from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, FIFOClosedError, RealFIFO
+from bridge.kube.objects import (
+    DeletedFinalStateUnknown,
+    RawObject,
+    meta,
+    namespace_key,
+    resource_version,
+)
+from bridge.kube.store import Indexer, IndexerError, IndexFunc
+
+if TYPE_CHECKING:
+    from bridge.kube.protocols import ListerWatcher
+    from bridge.kube.reflector import ReflectorSettings
+
+__all__ = [
+    "HandlerRegistration",
+    "ResourceEventHandler",
+    "SharedInformer",
+    "slim_record",
+]
+
+log = structlog.get_logger(__name__)
+
+SlimFunc = Callable[[RawObject], str]
+
+_SLIM_TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "fingerprint"})
+_SLIM_META_KEYS = ("name", "namespace", "uid", "resourceVersion")
+
+
+class ResourceEventHandler(Protocol):
+    async def on_add(self, obj: RawObject, is_in_initial_list: bool) -> None: ...
+
+    async def on_update(self, old: RawObject, new: RawObject) -> None: ...
+
+    async def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None: ...
+
+
+def slim_record(obj: RawObject, fingerprint: SlimFunc) -> RawObject:
+    """What slim mode caches for ``obj``: identity, resourceVersion and a fingerprint."""
+    m = meta(obj)
+    record: RawObject = {}
+    for field in ("apiVersion", "kind"):
+        if field in obj:
+            record[field] = obj[field]
+    record["metadata"] = {k: m[k] for k in _SLIM_META_KEYS if k in m}
+    record["fingerprint"] = fingerprint(obj)
+    return record
+
+
+def _is_slim(obj: RawObject) -> bool:
+    return "fingerprint" in obj and obj.keys() <= _SLIM_TOP_KEYS
+
+
+class HandlerRegistration:
+    """One handler attached to an informer; client-go's processorListener."""
+
+    def __init__(
+        self, informer: SharedInformer, handler: ResourceEventHandler, resync_period: float | None
+    ) -> None:
+        self.handler = handler
+        self.resync_period = resync_period if resync_period and resync_period > 0 else None
+        self._informer = informer
+        # Objects cached before this handler joined, still to be delivered as adds.
+        self._backlog: deque[RawObject] = deque()
+        self._pending_initial = 0
+        self._removed = False
+        self._due_resync = False
+        self._next_resync = (
+            asyncio.get_running_loop().time() + self.resync_period
+            if self.resync_period is not None and _loop_running()
+            else 0.0
+        )
+
+    def has_synced(self) -> bool:
+        """True once the informer synced and this handler got every object it had to catch up on."""
+        return not self._removed and self._informer.has_synced() and self._pending_initial == 0
+
+    async def _drain_backlog(self) -> None:
+        while self._backlog:
+            obj = self._backlog.popleft()
+            try:
+                await self.handler.on_add(obj, True)
+            finally:
+                self._pending_initial -= 1
+
+    async def _on_add(self, obj: RawObject, is_in_initial_list: bool) -> None:
+        await self._drain_backlog()
+        await self.handler.on_add(obj, is_in_initial_list)
+
+    async def _on_update(self, old: RawObject, new: RawObject) -> None:
+        await self._drain_backlog()
+        await self.handler.on_update(old, new)
+
+    async def _on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+        await self._drain_backlog()
+        await self.handler.on_delete(obj)
+
+    def _check_resync(self, now: float) -> bool:
+        if self.resync_period is None:
+            self._due_resync = False
+            return False
+        if not self._next_resync:
+            self._next_resync = now + self.resync_period
+        # asyncio may wake a timer up to a clock tick early.
+        self._due_resync = now + 0.001 >= self._next_resync
+        if self._due_resync:
+            self._next_resync = now + self.resync_period
+        return self._due_resync
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class SharedInformer:
+    """Reflector → FIFO → cache + handlers, for one resource in one scope."""
+
+    def __init__(
+        self,
+        lw: ListerWatcher,
+        *,
+        name: str = "",
+        fifo: Literal["real", "delta"] = "real",
+        indexers: dict[str, IndexFunc] | None = None,
+        slim: SlimFunc | None = None,
+        resync_period: float | None = None,
+        reflector_settings: ReflectorSettings | None = None,
+        initial_objects: list[RawObject] | None = None,
+        initial_resource_version: str | None = None,
+        max_queued: int | None = 1000,
+    ) -> None:
+        self._lw = lw
+        self.name = name
+        self._slim = slim
+        self._resync_period = resync_period if resync_period and resync_period > 0 else None
+        self._reflector_settings = reflector_settings
+        self._initial_rv = initial_resource_version
+        # Started from a checkpoint: the cache already holds what was published,
+        # so the informer is synced at once and a relist is not a "first list".
+        self._resumed = initial_resource_version is not None
+        self.store = Indexer(key_func=namespace_key, indexers=indexers)
+        if initial_objects:
+            self.store.replace(
+                (self._to_stored(obj) for obj in initial_objects), initial_resource_version or ""
+            )
+        fifo_cls = RealFIFO if fifo == "real" else DeltaFIFO
+        self.fifo: RealFIFO | DeltaFIFO = fifo_cls(
+            key_func=namespace_key, known_objects=self.store, max_queued=max_queued
+        )
+        self._registrations: list[HandlerRegistration] = []
+        self._lock = asyncio.Lock()
+        self._backlog_wakeup = asyncio.Event()
+        self._handlers_changed = asyncio.Event()
+        self._started = False
+        self._stopped = False
+        self._reflector: Any = None
+
+    # -- handlers -------------------------------------------------------------
+
+    def add_event_handler(
+        self, handler: ResourceEventHandler, resync_period: float | None = None
+    ) -> HandlerRegistration:
+        """Attach ``handler``; once started, it first catches up on every cached object."""
+        if self._stopped:
+            raise RuntimeError(f"informer {self.name!r} has stopped; handler not added")
+        period = resync_period if resync_period is not None else self._resync_period
+        reg = HandlerRegistration(self, handler, period)
+        if self._started:
+            # Snapshot and registration happen without an await in between, so
+            # every later change reaches the handler after this snapshot.
+            reg._backlog.extend(self.store.list())
+            reg._pending_initial = len(reg._backlog)
+            self._backlog_wakeup.set()
+        self._registrations.append(reg)
+        self._handlers_changed.set()
+        return reg
+
+    def remove_event_handler(self, registration: HandlerRegistration) -> None:
+        if registration in self._registrations:
+            self._registrations.remove(registration)
+        registration._removed = True
+        registration._backlog.clear()
+        registration._pending_initial = 0
+
+    # -- state ----------------------------------------------------------------
+
+    def has_synced(self) -> bool:
+        """True once the first list is in the cache and every handler was told about it."""
+        return self._resumed or self.fifo.has_synced()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:
+        if self.has_synced():
+            return True
+        try:
+            await asyncio.wait_for(self.fifo.wait_for_sync(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def last_sync_resource_version(self) -> str:
+        if self._reflector is not None:
+            return str(self._reflector.last_sync_resource_version)
+        return self._initial_rv or ""
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        if self._started:
+            raise IndexerError(f"informer {self.name!r} has already started; cannot add indexers")
+        if len(self.store):
+            # Objects loaded from a checkpoint: re-index them under the new set.
+            items = self.store.list()
+            self.store.replace([])
+            self.store.add_indexers(indexers)
+            self.store.replace(items, self._initial_rv or "")
+        else:
+            self.store.add_indexers(indexers)
+
+    # -- running --------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List-then-watch and process until cancelled (or until something fails)."""
+        # Imported here so this module stands on its own in tests without a reflector.
+        from bridge.kube.reflector import Reflector
+
+        self._reflector = Reflector(
+            self._lw,
+            self.fifo,
+            name=self.name,
+            settings=self._reflector_settings,
+            resource_version=self._initial_rv,
+        )
+        await self._run_tasks({"reflector": self._reflector.run()})
+
+    async def run_processing(self) -> None:
+        """Process the FIFO without a reflector: for callers that feed ``fifo`` themselves."""
+        await self._run_tasks({})
+
+    async def _run_tasks(self, extra: dict[str, Coroutine[Any, Any, None]]) -> None:
+        if self._started:
+            for coro in extra.values():
+                coro.close()
+            raise RuntimeError(f"informer {self.name!r} was already started")
+        self._started = True
+        coros: dict[str, Coroutine[Any, Any, None]] = {
+            **extra,
+            "process": self._process_loop(),
+            "catch-up": self._backlog_loop(),
+            "resync": self._resync_loop(),
+        }
+        tasks = [
+            asyncio.create_task(coro, name=f"informer:{self.name}:{part}")
+            for part, coro in coros.items()
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = None if task.cancelled() else task.exception()
+                if exc is not None:
+                    raise exc
+        finally:
+            self._stopped = True
+            self.fifo.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _process_loop(self) -> None:
+        with contextlib.suppress(FIFOClosedError):
+            while True:
+                await self.fifo.pop(self._handle_deltas)
+
+    async def _backlog_loop(self) -> None:
+        """Deliver late handlers' catch-up adds even when no change arrives to carry them."""
+        while True:
+            await self._backlog_wakeup.wait()
+            self._backlog_wakeup.clear()
+            async with self._lock:
+                for reg in list(self._registrations):
+                    await reg._drain_backlog()
+
+    async def _resync_loop(self) -> None:
+        """Ask the FIFO for a resync whenever some handler is due one (client-go's ShouldResync)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            periods = [r.resync_period for r in self._registrations if r.resync_period]
+            if not periods:
+                self._handlers_changed.clear()
+                await self._handlers_changed.wait()
+                continue
+            await asyncio.sleep(min(periods))
+            now = loop.time()
+            due = [reg._check_resync(now) for reg in self._registrations]
+            if any(due):
+                await self.fifo.resync()
+
+    async def _handle_deltas(self, deltas: list[Delta], is_in_initial_list: bool) -> None:
+        initial = is_in_initial_list and not self._resumed
+        async with self._lock:
+            for delta in deltas:
+                await self._handle_delta(delta, initial)
+
+    async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
+        obj = delta.object
+        # The handlers to tell are fixed together with the cache write (no await
+        # in between), so a handler joining meanwhile sees this change exactly
+        # once: either in its catch-up snapshot or as this notification.
+        regs = list(self._registrations)
+        if delta.type is DeltaType.Deleted:
+            self.store.delete(obj)
+            for reg in regs:
+                await reg._on_delete(obj)
+            return
+        if isinstance(obj, DeletedFinalStateUnknown):
+            log.warning("ignoring a tombstone", informer=self.name, delta_type=str(delta.type))
+            return
+        old = self.store.get(obj)
+        if obj is not old:
+            # A Sync carries the cached record itself: storing it again is a no-op.
+            self.store.update(self._to_stored(obj))
+        if old is None:
+            for reg in regs:
+                await reg._on_add(obj, is_in_initial_list)
+            return
+        is_resync = resource_version(old) == resource_version(obj)
+        for reg in regs:
+            if not is_resync or reg._due_resync:
+                await reg._on_update(old, obj)
+
+    def _to_stored(self, obj: RawObject) -> RawObject:
+        if self._slim is None or _is_slim(obj):
+            return obj
+        return slim_record(obj, self._slim)
