@@ -1,0 +1,395 @@
+"""The Helm chart, checked with real Helm and the Kubernetes API schemas.
+
+Helm here is the Go SDK shipped inside the ``helm-python-sdk`` wheel, run in a
+subprocess (tools/helm/run_helm.py). When the wheel is not importable it is
+installed once into a cache directory under .venv; without network access the
+Helm tests skip with the reason, the schema-sync test still runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bridge.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "k8s-bridge"
+HELM_SDK = "helm-python-sdk==0.2.2"
+KUBE_VERSION = "1.33.0"  # validate manifests against a recent, widely deployed API
+
+sys.path.insert(0, str(ROOT / "tools" / "helm"))
+import values_schema  # noqa: E402
+
+DEFAULT_VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+
+HA_NAMESPACED: dict[str, Any] = {
+    "replicaCount": 2,
+    "leaderElection": {"enabled": True},
+    "persistence": {"enabled": False},
+    "pdb": {"enabled": True},
+    "serviceMonitor": {"enabled": True},
+    "envFromSecrets": ["bridge-kafka-credentials"],
+    "config": {
+        "cluster": {"name": "prod"},
+        "resources": [
+            {"apiVersion": "v1", "kind": "Pod", "namespaces": ["team-a", "team-b"]},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "namespaces": ["team-a"]},
+            {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "namespaces": ["team-b"]},
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "namespaces": ["team-a"],
+            },
+            {"apiVersion": "v1", "kind": "Endpoints", "namespaces": ["team-b"]},
+            {
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "namespaces": ["team-a"],
+            },
+            {
+                "apiVersion": "example.com/v1",
+                "kind": "Widget",
+                "plural": "widgetz",
+                "namespaces": ["team-b"],
+            },
+        ],
+        "sink": {"kind": "kafka", "kafka": {"bootstrapServers": ["kafka:9092"]}},
+        "checkpoint": {"kind": "nats-kv"},
+    },
+}
+
+CLUSTER_WIDE: dict[str, Any] = {
+    "config": {
+        "resources": [
+            {"apiVersion": "v1", "kind": "Node"},
+            {"apiVersion": "v1", "kind": "Secret", "namespaces": ["ops"]},
+            {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass"},
+            {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget"},
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"apiVersion": "v1", "kind": "Pod", "namespaces": ["x"]},  # same rule, once
+        ],
+        "sink": {"kind": "stdout"},
+    },
+    "rbac": {"selfSubjectAccessReview": False},
+}
+
+CASES: dict[str, dict[str, Any]] = {
+    "default": {"values": {}, "namespace": "bridge"},
+    "ha-namespaced": {"values": HA_NAMESPACED, "namespace": "bridge"},
+    "cluster-wide": {"values": CLUSTER_WIDE, "namespace": "bridge"},
+    "bad-sink": {"values": {"config": {"sink": {"kind": "rabbit"}}}, "namespace": "bridge"},
+    "bad-key": {"values": {"config": {"sinks": {}}}, "namespace": "bridge"},
+    "replicas-without-election": {
+        "values": {"replicaCount": 2, "persistence": {"enabled": False}},
+        "namespace": "bridge",
+    },
+}
+
+
+def _helm_python_path() -> str | None:
+    """A PYTHONPATH entry holding helm_python, installing it once if needed."""
+    try:
+        import helm_python  # noqa: F401
+
+        return ""
+    except ImportError:
+        pass
+    base = ROOT / ".venv" if (ROOT / ".venv").is_dir() else Path(tempfile.gettempdir())
+    target = base / ("k8s-bridge-" + HELM_SDK.replace("==", "-"))
+    marker = target / ".installed"
+    if not marker.exists():
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+                str(target),
+                HELM_SDK,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            return None
+        marker.write_text(HELM_SDK)
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def helm_results() -> dict[str, Any]:
+    path = _helm_python_path()
+    if path is None:
+        pytest.skip(f"real Helm unavailable: could not install {HELM_SDK} (no package index?)")
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
+    request = {"chart": str(CHART), "kubeVersion": f"v{KUBE_VERSION}", "cases": CASES}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "helm" / "run_helm.py")],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result["cases"]
+
+
+def docs(case: dict[str, Any]) -> list[dict[str, Any]]:
+    assert "renderError" not in case, case.get("renderError")
+    out = []
+    for path, text in case["manifests"].items():
+        if not path.endswith((".yaml", ".yml")):
+            continue  # NOTES.txt
+        out.extend(d for d in yaml.safe_load_all(text) if d)
+    return out
+
+
+def find(objs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+
+
+def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    out = set()
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.add(
+                    (
+                        group,
+                        resource,
+                        tuple(sorted(rule["verbs"])),
+                        tuple(rule.get("resourceNames", [])),
+                    )
+                )
+    return out
+
+
+WATCH = ("list", "watch")
+
+
+# --- lint ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+def test_helm_lint_strict_is_clean(helm_results: dict[str, Any], name: str) -> None:
+    lint = helm_results[name]["lint"]
+    problems = [m for m in lint["messages"] if m["severity"] >= 2]
+    assert lint["errors"] == [] and problems == [], problems
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("bad-sink", "/config/sink/kind"), ("bad-key", "sinks")],
+)
+def test_values_schema_rejects_bad_bridge_config(
+    helm_results: dict[str, Any], name: str, needle: str
+) -> None:
+    errors = " ".join(helm_results[name]["lint"]["errors"])
+    assert needle in errors
+    assert needle in helm_results[name]["renderError"]
+
+
+def test_replicas_without_leader_election_refuse_to_render(helm_results: dict[str, Any]) -> None:
+    assert "leaderElection.enabled" in helm_results["replicas-without-election"]["renderError"]
+
+
+# --- every manifest is valid Kubernetes ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+def test_every_manifest_validates_against_kubernetes_schema(
+    helm_results: dict[str, Any], name: str
+) -> None:
+    objs = docs(helm_results[name])
+    assert objs
+    for obj in objs:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            # A CRD kubernetes-validate has no schema for: check the fields it relies on.
+            assert obj["kind"] == "ServiceMonitor"
+            assert obj["spec"]["endpoints"][0]["port"] == "http"
+            continue
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+def test_configmap_holds_a_config_the_bridge_accepts(
+    helm_results: dict[str, Any], name: str, tmp_path: Path
+) -> None:
+    (cm,) = find(docs(helm_results[name]), "ConfigMap")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(cm["data"]["bridge.yaml"])
+    settings = load_settings(str(path), env={})
+    values = copy.deepcopy(DEFAULT_VALUES)
+    expected_resources = (CASES[name]["values"].get("config") or values["config"])["resources"]
+    assert [r.kind for r in settings.resources] == [r["kind"] for r in expected_resources]
+    if name == "ha-namespaced":
+        le = settings.leader_election
+        assert le.enabled and le.namespace == "bridge" and le.lease_name == "bridge-k8s-bridge"
+        assert settings.checkpoint.kind == "nats-kv"
+
+
+# --- deployment hardening and wiring ---------------------------------------------------
+
+
+def test_deployment_is_hardened_and_probed(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["default"])
+    (deploy,) = find(objs, "Deployment")
+    pod = deploy["spec"]["template"]
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 10001
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert container["args"] == ["run", "--config", "/etc/k8s-bridge/bridge.yaml"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["config"] == "/etc/k8s-bridge" and mounts["tmp"] == "/tmp"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (pvc,) = find(objs, "PersistentVolumeClaim")
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert len(pod["metadata"]["annotations"]["checksum/config"]) == 64
+    assert not find(objs, "PodDisruptionBudget") and not find(objs, "ServiceMonitor")
+
+
+def test_config_checksum_follows_the_config(helm_results: dict[str, Any]) -> None:
+    sums = {
+        name: find(docs(helm_results[name]), "Deployment")[0]["spec"]["template"]["metadata"][
+            "annotations"
+        ]["checksum/config"]
+        for name in ("default", "ha-namespaced", "cluster-wide")
+    }
+    assert len(set(sums.values())) == 3
+
+
+def test_ha_variant_wiring(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["ha-namespaced"])
+    (deploy,) = find(objs, "Deployment")
+    spec = deploy["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["BRIDGE_LEADERELECTION__IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.name"
+    )
+    assert container["envFrom"] == [
+        {"secretRef": {"name": "bridge-kafka-credentials", "optional": True}}
+    ]
+    assert {v["name"]: v for v in spec["volumes"]}["state"] == {"name": "state", "emptyDir": {}}
+    assert not find(objs, "PersistentVolumeClaim")
+    (pdb,) = find(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    (monitor,) = find(objs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+# --- RBAC equals what the resource list needs ---------------------------------------------
+
+
+def test_rbac_namespaced_roles_grant_exactly_list_watch(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["ha-namespaced"])
+    assert not find(objs, "ClusterRole", "-watch") and not find(
+        objs, "ClusterRoleBinding", "-watch"
+    )
+    roles = {r["metadata"]["namespace"]: r for r in find(objs, "Role", "-watch")}
+    assert set(roles) == {"team-a", "team-b"}
+    assert rule_set(roles["team-a"]["rules"]) == {
+        ("", "pods", WATCH, ()),
+        ("apps", "deployments", WATCH, ()),
+        ("networking.k8s.io", "networkpolicies", WATCH, ()),
+        ("gateway.networking.k8s.io", "gateways", WATCH, ()),
+    }
+    assert rule_set(roles["team-b"]["rules"]) == {
+        ("", "pods", WATCH, ()),
+        ("networking.k8s.io", "ingresses", WATCH, ()),
+        ("", "endpoints", WATCH, ()),
+        ("example.com", "widgetz", WATCH, ()),
+    }
+    bindings = {b["metadata"]["namespace"]: b for b in find(objs, "RoleBinding", "-watch")}
+    assert set(bindings) == {"team-a", "team-b"}
+    for binding in bindings.values():
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "bridge-k8s-bridge", "namespace": "bridge"}
+        ]
+
+
+def test_rbac_leader_election_lease_access(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["ha-namespaced"])
+    (role,) = find(objs, "Role", "-leader-election")
+    assert role["metadata"]["namespace"] == "bridge"
+    assert rule_set(role["rules"]) == {
+        ("coordination.k8s.io", "leases", ("create",), ()),
+        ("coordination.k8s.io", "leases", ("get", "update"), ("bridge-k8s-bridge",)),
+    }
+    (binding,) = find(objs, "RoleBinding", "-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert not find(docs(helm_results["default"]), "Role", "-leader-election")
+
+
+def test_rbac_cluster_wide_when_any_resource_spans_all_namespaces(
+    helm_results: dict[str, Any],
+) -> None:
+    objs = docs(helm_results["cluster-wide"])
+    (role,) = find(objs, "ClusterRole", "-watch")
+    assert rule_set(role["rules"]) == {
+        ("", "nodes", WATCH, ()),
+        ("", "secrets", WATCH, ()),
+        ("", "pods", WATCH, ()),
+        ("storage.k8s.io", "storageclasses", WATCH, ()),
+        ("policy", "poddisruptionbudgets", WATCH, ()),
+    }
+    assert len(role["rules"]) == 5, "duplicate resource entries give one rule"
+    assert not find(objs, "Role")
+    assert not find(objs, "ClusterRole", "-check"), "selfSubjectAccessReview: false"
+
+
+def test_rbac_self_subject_access_review_for_check(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["default"])
+    (role,) = find(objs, "ClusterRole", "-check")
+    assert rule_set(role["rules"]) == {
+        ("authorization.k8s.io", "selfsubjectaccessreviews", ("create",), ())
+    }
+    (watch,) = find(objs, "ClusterRole", "-watch")
+    assert rule_set(watch["rules"]) == {("", "pods", WATCH, ()), ("apps", "deployments", WATCH, ())}
+
+
+# --- no Helm needed ----------------------------------------------------------------------
+
+
+def test_values_schema_is_in_sync_with_settings() -> None:
+    committed = (CHART / "values.schema.json").read_text()
+    assert committed == values_schema.render(), "run: python tools/helm/values_schema.py"
+
+
+def test_default_values_config_is_a_valid_bridge_config(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(DEFAULT_VALUES["config"]))
+    settings = load_settings(str(path), env={})
+    assert settings.checkpoint.path.startswith(DEFAULT_VALUES["persistence"]["mountPath"] + "/")

@@ -1,0 +1,134 @@
+"""Write charts/k8s-bridge/values.schema.json.
+
+The chart's ``config`` value is the bridge's own config file, so its schema is
+the one the bridge validates with (``bridge.settings.settings_json_schema``);
+the rest describes the chart's knobs. A test fails when the committed file and
+this output differ: run ``python tools/helm/values_schema.py`` after changing
+settings or chart values.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ROOT / "charts" / "k8s-bridge" / "values.schema.json"
+
+
+def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, **extra}
+
+
+def build() -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from bridge.settings import settings_json_schema
+
+    config = settings_json_schema()
+    defs = config.pop("$defs", {})
+    config.pop("title", None)
+    config["description"] = "The bridge configuration, rendered verbatim as bridge.yaml"
+    string = {"type": "string"}
+    boolean = {"type": "boolean"}
+    anything = {"type": "object"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "k8s-bridge chart values",
+        "type": "object",
+        "required": ["config", "image"],
+        "properties": {
+            "config": config,
+            "image": _obj(
+                {
+                    "repository": {"type": "string", "minLength": 1},
+                    "tag": string,
+                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                },
+                required=["repository"],
+                additionalProperties=False,
+            ),
+            "imagePullSecrets": {"type": "array"},
+            "nameOverride": string,
+            "fullnameOverride": string,
+            "replicaCount": {"type": "integer", "minimum": 0},
+            "leaderElection": _obj({"enabled": boolean}, additionalProperties=False),
+            "serviceAccount": _obj(
+                {
+                    "create": boolean,
+                    "name": string,
+                    "annotations": anything,
+                    "automountServiceAccountToken": boolean,
+                },
+                additionalProperties=False,
+            ),
+            "rbac": _obj(
+                {"create": boolean, "selfSubjectAccessReview": boolean},
+                additionalProperties=False,
+            ),
+            "persistence": _obj(
+                {
+                    "enabled": boolean,
+                    "mountPath": {"type": "string", "pattern": "^/"},
+                    "existingClaim": string,
+                    "storageClassName": string,
+                    "accessModes": {"type": "array", "items": string, "minItems": 1},
+                    "size": string,
+                },
+                additionalProperties=False,
+            ),
+            "envFromSecrets": {"type": "array", "items": string},
+            "extraEnv": {"type": "array", "items": anything},
+            "service": _obj(
+                {
+                    "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    "annotations": anything,
+                },
+                additionalProperties=False,
+            ),
+            "serviceMonitor": _obj(
+                {
+                    "enabled": boolean,
+                    "interval": string,
+                    "scrapeTimeout": string,
+                    "labels": anything,
+                },
+                additionalProperties=False,
+            ),
+            "pdb": _obj(
+                {
+                    "enabled": boolean,
+                    "minAvailable": {"type": ["integer", "string"]},
+                    "maxUnavailable": {"type": ["integer", "string"]},
+                },
+                additionalProperties=False,
+            ),
+            "podAnnotations": anything,
+            "podLabels": anything,
+            "podSecurityContext": anything,
+            "securityContext": anything,
+            "resources": anything,
+            "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+            "nodeSelector": anything,
+            "tolerations": {"type": "array"},
+            "affinity": anything,
+            "priorityClassName": string,
+        },
+        "$defs": defs,
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    TARGET.write_text(render())
+    print(f"wrote {TARGET.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
