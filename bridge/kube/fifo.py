@@ -191,8 +191,10 @@ def _is_tombstone(obj: RawObject | DeletedFinalStateUnknown) -> bool:
 class DeltaFIFO(_FIFOBase):
     """Deltas grouped per key; keys pop in order of first arrival.
 
-    The dict keeps insertion order, so it is the queue as well: popping a key
-    removes it, and a later delta for that key queues it again at the end.
+    A key is in ``_queue`` exactly when it is in ``_items``: popping removes it
+    from both, and a later delta for that key queues it again at the end. (The
+    dict alone keeps insertion order, but taking its first key after many
+    removals from the front costs a scan of the dead slots each time.)
     """
 
     def __init__(
@@ -210,12 +212,13 @@ class DeltaFIFO(_FIFOBase):
             max_queued=max_queued,
         )
         self._items: dict[str, list[Delta]] = {}
+        self._queue: deque[str] = deque()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._queue)
 
     def list_keys(self) -> list[str]:
-        return list(self._items)
+        return list(self._queue)
 
     def get_by_key(self, key: str) -> list[Delta] | None:
         deltas = self._items.get(key)
@@ -250,10 +253,10 @@ class DeltaFIFO(_FIFOBase):
             self._queue_action(self._replace_type, obj)
 
         # Queued keys absent from the list: their newest state is the best guess.
-        for key, deltas in list(self._items.items()):
+        for key in list(self._queue):
             if key in keys:
                 continue
-            last = deltas[-1].object
+            last = self._items[key][-1].object
             last_obj = last.obj if isinstance(last, DeletedFinalStateUnknown) else last
             self._queue_action(DeltaType.Deleted, DeletedFinalStateUnknown(key, last_obj))
 
@@ -282,7 +285,7 @@ class DeltaFIFO(_FIFOBase):
     async def pop(self, process: PopProcessFunc) -> None:
         await self._wait_for_item()
         is_in_initial_list = not self.has_synced()
-        key = next(iter(self._items))
+        key = self._queue.popleft()
         deltas = self._items.pop(key)
         self._popped()
         try:
@@ -298,6 +301,7 @@ class DeltaFIFO(_FIFOBase):
         deltas = self._items.get(key)
         if deltas is None:
             self._items[key] = [delta]
+            self._queue.append(key)
         else:
             deltas.append(delta)
             _dedup_last_two(deltas)
