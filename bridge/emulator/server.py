@@ -383,6 +383,9 @@ class Emulator:
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
         ctype = request.headers.get("Content-Type", "")
+        if "protobuf" in ctype or "cbor" in ctype:
+            # Only JSON is spoken; client-go falls back to JSON after a 415.
+            raise status.unsupported_media(ctype)
         try:
             if "yaml" in ctype:
                 return yaml.safe_load(raw)

@@ -184,16 +184,17 @@ async def test_custom_resource_crud_through_python_api(emulator: Emulator) -> No
 
 async def test_access_review_allowed_unless_forbidden(emulator: Emulator) -> None:
     emulator.forbid(verb="list", resource="secrets")
+    attrs = {"verb": "list", "resource": "pods"}
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {"verb": "list", "resource": "pods"}},
+        "spec": {"resourceAttributes": attrs},
     }
     url = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
     async with aiohttp.ClientSession(emulator.url) as http:
         async with http.post(url, json=review) as r:
             allowed = (await r.json())["status"]["allowed"]
-        review["spec"]["resourceAttributes"]["resource"] = "secrets"
+        attrs["resource"] = "secrets"
         async with http.post(url, json=review) as r:
             denied = (await r.json())["status"]["allowed"]
     assert allowed is True and denied is False
