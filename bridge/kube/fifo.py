@@ -113,6 +113,7 @@ class _FIFOBase:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self._key_func = key_func
         self._known_objects = known_objects
+        self._in_process = 0
         self._replace_type = DeltaType.Replaced if emit_delta_type_replaced else DeltaType.Sync
         self._max_queued = max_queued
         self._closed = False
@@ -168,9 +169,18 @@ class _FIFOBase:
             await self._not_empty.wait()
 
     def _popped(self) -> None:
+        self._in_process += 1
         self._has_room.notify_all()
 
+    def is_idle(self) -> bool:
+        """Nothing queued and nothing being processed: every item handed in so far is done.
+
+        A consumer checkpointing the reflector's resourceVersion may do so only then.
+        """
+        return self._in_process == 0 and len(self) == 0
+
     def _processed(self) -> None:
+        self._in_process -= 1
         if self._initial_population_count > 0:
             self._initial_population_count -= 1
             if self._initial_population_count == 0:

@@ -1,0 +1,387 @@
+"""Builds the pipelines from settings and runs them with the health/metrics server.
+
+Start-up problems that a person must fix (a bad kind, a forbidden resource,
+an unreadable kubeconfig) raise at once with one line. Problems that may heal
+(the bus or the API server unreachable) make the bridge not-ready and retry:
+the checkpoint never moves past what the bus acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.checkpoints.base import CheckpointStore
+from bridge.errors import ConfigError, SinkError
+from bridge.events import EventBuilder
+from bridge.health import HealthServer
+from bridge.kube.client import KubeClient
+from bridge.kube.discovery import Discovery, ResourceInfo
+from bridge.kube.listwatch import ListWatch
+from bridge.kube.reflector import ReflectorSettings
+from bridge.logging import get_logger
+from bridge.metrics import Metrics
+from bridge.pipeline import PipelineSettings, ResourcePipeline
+from bridge.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.sinks.base import Sink
+
+log = get_logger(__name__)
+
+
+def build_sink(settings: Settings) -> Sink:
+    """The sink the settings ask for (imported lazily: each pulls its own client library)."""
+    kind = settings.sink.kind
+    if kind == "stdout":
+        from bridge.sinks.stdout import StdoutSink
+
+        return StdoutSink()
+    if kind == "nats":
+        from bridge.sinks.nats import NatsSink
+
+        n = settings.sink.nats
+        return NatsSink(
+            servers=n.servers,
+            stream=n.stream,
+            subjects=n.subjects,
+            create_stream=n.create_stream,
+            max_in_flight=n.max_in_flight,
+            credentials=n.credentials,
+            nkey_seed=n.nkey_seed,
+            tls_ca=n.tls.ca if n.tls else None,
+            tls_cert=n.tls.cert if n.tls else None,
+            tls_key=n.tls.key if n.tls else None,
+        )
+    if kind == "kafka":
+        from bridge.sinks.kafka import KafkaSink
+
+        k = settings.sink.kafka
+        return KafkaSink(
+            bootstrap_servers=k.bootstrap_servers,
+            topic=k.topic,
+            acks=k.acks,
+            enable_idempotence=k.enable_idempotence,
+            compression=k.compression,
+            linger_ms=k.linger_ms,
+            max_batch_size=k.max_batch_size,
+            security_protocol=k.security_protocol,
+            sasl_mechanism=k.sasl_mechanism,
+            sasl_username=k.sasl_username,
+            sasl_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+            ssl_cafile=k.ssl.cafile if k.ssl else None,
+            ssl_certfile=k.ssl.certfile if k.ssl else None,
+            ssl_keyfile=k.ssl.keyfile if k.ssl else None,
+            state_table=k.state_table,
+            cluster=settings.cluster.name,
+        )
+    raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
+
+
+def build_checkpoints(settings: Settings) -> CheckpointStore:
+    kind = settings.checkpoint.kind
+    if kind == "memory":
+        from bridge.checkpoints.memory import MemoryCheckpointStore
+
+        return MemoryCheckpointStore()
+    if kind == "sqlite":
+        from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+        return SqliteCheckpointStore(settings.checkpoint.path)
+    if kind == "nats-kv":
+        from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
+
+        return NatsKvCheckpointStore(
+            servers=settings.sink.nats.servers, bucket=settings.checkpoint.bucket
+        )
+    raise ConfigError(
+        f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv"
+    )
+
+
+def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings) -> str:
+    """The checkpoint key of one resource in one scope: readable, and distinct per selector."""
+    rid = f"{info.group or 'core'}/{info.version}/{info.plural}"
+    if namespace:
+        rid += f"@{namespace}"
+    if res.label_selector or res.field_selector:
+        selectors = f"{res.label_selector}|{res.field_selector}".encode()
+        rid += "#" + hashlib.sha256(selectors).hexdigest()[:12]
+    return rid
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedResource:
+    settings: ResourceSettings
+    info: ResourceInfo
+
+
+class BridgeApp:
+    """The running service: pipelines, sink, checkpoint store, health server, leadership."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sink: Sink | None = None,
+        checkpoints: CheckpointStore | None = None,
+        registry: CollectorRegistry | None = None,
+        on_ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sink = sink or build_sink(settings)
+        self.checkpoints = checkpoints or build_checkpoints(settings)
+        self.registry = registry or CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.pipelines: list[ResourcePipeline] = []
+        self.client: KubeClient | None = None
+        self.health: HealthServer | None = None
+        self.leading = not settings.leader_election.enabled
+        self._sink_started = False
+        self._on_ready = on_ready
+
+    # -- readiness --------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        reasons: list[str] = []
+        if not self._sink_started:
+            reasons.append(f"sink {self.settings.sink.kind}: not connected")
+        if self.settings.leader_election.enabled and not self.leading:
+            # A standby replica is healthy and ready to take over: not a failure.
+            pass
+        elif not self.pipelines and self.leading:
+            reasons.append("pipelines: not started")
+        for p in self.pipelines:
+            if not p.has_synced():
+                reasons.append(f"{p.label}: not synced")
+            if not p.sink_healthy:
+                reasons.append(f"{p.label}: sink unreachable, publishing paused")
+            if not p.checkpoint_healthy:
+                reasons.append(f"{p.label}: checkpoint store failing")
+            if p.stalled():
+                reasons.append(f"{p.label}: checkpoint stalled")
+        ok = not reasons
+        self.metrics.ready.set(1 if ok else 0)
+        return ok, reasons
+
+    # -- building ---------------------------------------------------------------
+
+    async def resolve(self, client: KubeClient) -> list[ResolvedResource]:
+        """Discover every configured resource; an unknown kind fails start-up in one line."""
+        discovery = Discovery(client)
+        resolved = []
+        for res in resources_for_shard(self.settings):
+            info = await discovery.resolve(res.api_version, res.kind)
+            if res.namespaces and not info.namespaced:
+                raise ConfigError(
+                    f"config error: resources[{res.api_version}/{res.kind}].namespaces: "
+                    f"{res.kind} is cluster-scoped; remove namespaces"
+                )
+            resolved.append(ResolvedResource(res, info))
+        return resolved
+
+    def build_pipelines(
+        self, client: KubeClient, resolved: list[ResolvedResource]
+    ) -> list[ResourcePipeline]:
+        s = self.settings
+        reflector = ReflectorSettings(
+            page_size=s.informer.page_size, watch_list=s.informer.watch_list
+        )
+        pipeline_settings = PipelineSettings(
+            flush_interval=s.checkpoint.flush_interval,
+            flush_events=s.checkpoint.flush_events,
+            slim=s.informer.slim,
+            max_queued=s.informer.max_queued,
+            reflector=reflector,
+        )
+        pipelines = []
+        for r in resolved:
+            res, info = r.settings, r.info
+            fingerprinter = Fingerprinter(res.ignore_fields)
+            scopes: list[str | None] = list(res.namespaces) if res.namespaces else [None]
+            for ns in scopes:
+                lw = ListWatch(
+                    client,
+                    info,
+                    namespace=ns,
+                    label_selector=res.label_selector,
+                    field_selector=res.field_selector,
+                )
+                builder = EventBuilder(
+                    cluster=s.cluster.name,
+                    group=info.group,
+                    version=info.version,
+                    kind=info.kind,
+                    plural=info.plural,
+                    redact_secrets=res.redact_secrets,
+                    mask_paths=res.mask_paths,
+                    include_old=res.include_old,
+                    patch=res.patch,
+                )
+                label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
+                pipelines.append(
+                    ResourcePipeline(
+                        resource_id=resource_id(info, ns, res),
+                        lw=lw,
+                        detector=ChangeDetector(fingerprinter),
+                        builder=builder,
+                        sink=self.sink,
+                        checkpoints=self.checkpoints,
+                        settings=pipeline_settings,
+                        metrics=self.metrics,
+                        label=label,
+                    )
+                )
+        return pipelines
+
+    # -- running ----------------------------------------------------------------
+
+    async def start_sink(self, stop: asyncio.Event) -> bool:
+        """Connect to the bus, retrying while it is unreachable (not-ready meanwhile)."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await self.sink.start()
+            except SinkError as e:
+                log.warning(
+                    "sink unreachable; retrying", sink=self.settings.sink.kind, error=str(e)
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            self._sink_started = True
+            return True
+        return False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then flush, checkpoint and close everything."""
+        s = self.settings
+        self.health = HealthServer(s.server.host, s.server.port, self.registry, self.readiness)
+        await self.health.start()
+        log.info("health server listening", port=self.health.port)
+        try:
+            self.client = await KubeClient.from_kubeconfig(s.cluster.kubeconfig, s.cluster.context)
+            resolved = await self.resolve(self.client)
+            await self.checkpoints.open()
+            if not await self.start_sink(stop):
+                return
+            if s.leader_election.enabled:
+                await self._run_with_leadership(stop, resolved)
+            else:
+                await self._run_pipelines(stop, resolved)
+        finally:
+            await self._close()
+
+    async def _run_pipelines(
+        self,
+        stop: asyncio.Event,
+        resolved: list[ResolvedResource],
+        lost: asyncio.Event | None = None,
+    ) -> None:
+        assert self.client is not None
+        self.pipelines = self.build_pipelines(self.client, resolved)
+        tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
+        waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
+        if lost is not None:
+            waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
+        log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
+        if self._on_ready is not None:
+            waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
+        try:
+            done, _ = await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t in tasks and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in [*tasks, *waiters]:
+                t.cancel()
+            # Each pipeline publishes and checkpoints what it processed; a bus that
+            # stays down must not keep the process from exiting.
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for p, r in zip(self.pipelines, results, strict=True):
+                if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                    log.error("pipeline failed", resource=p.label, error=str(r))
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _notify_ready(self) -> None:
+        while not self.readiness()[0]:
+            await asyncio.sleep(0.05)
+        assert self._on_ready is not None
+        await self._on_ready()
+        await asyncio.Event().wait()
+
+    async def _run_with_leadership(
+        self, stop: asyncio.Event, resolved: list[ResolvedResource]
+    ) -> None:
+        from bridge.kube.lease import KubeLeaseClient, LeaderElector
+
+        assert self.client is not None
+        le = self.settings.leader_election
+        elector = LeaderElector(
+            KubeLeaseClient(self.client),
+            namespace=le.namespace,
+            name=le.lease_name,
+            identity=le.identity or os.environ.get("POD_NAME") or default_identity(),
+            lease_duration=le.lease_duration,
+            renew_deadline=le.renew_deadline,
+            retry_period=le.retry_period,
+        )
+        lost = asyncio.Event()
+        leading = asyncio.Event()
+
+        async def started() -> None:
+            lost.clear()
+            self.leading = True
+            self.metrics.leader.set(1)
+            leading.set()
+
+        async def stopped() -> None:
+            self.leading = False
+            self.metrics.leader.set(0)
+            leading.clear()
+            lost.set()
+
+        election = asyncio.create_task(elector.run(started, stopped), name="leader-election")
+        try:
+            while not stop.is_set():
+                waiter = asyncio.create_task(leading.wait())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait([waiter, stopper, election], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                if election.done():
+                    election.result()
+                    return
+                if stop.is_set():
+                    return
+                log.info("leading: starting pipelines")
+                await self._run_pipelines(stop, resolved, lost)
+                self.pipelines = []
+                log.info("stopped leading: pipelines stopped")
+        finally:
+            election.cancel()
+            await asyncio.gather(election, return_exceptions=True)
+
+    async def _close(self) -> None:
+        for closer in (self.sink.close, self.checkpoints.close):
+            try:
+                await closer()
+            except Exception as e:  # closing must not hide the reason we stop
+                log.warning("close failed", error=str(e))
+        if self.client is not None:
+            await self.client.close()
+        if self.health is not None:
+            await self.health.stop()

@@ -1,0 +1,140 @@
+"""``k8s-bridge check``: everything ``run`` needs, one line per check, non-zero on any failure."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TextIO
+
+from bridge.errors import BridgeError
+from bridge.kube.client import KubeClient
+from bridge.kube.discovery import Discovery, ResourceInfo
+from bridge.settings import Settings, resources_for_shard
+
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+async def can_i(client: KubeClient, verb: str, info: ResourceInfo, namespace: str | None) -> bool:
+    """Ask the API server (SelfSubjectAccessReview) whether we may ``verb`` the resource."""
+    attributes: dict[str, str] = {"verb": verb, "group": info.group, "resource": info.plural}
+    if namespace:
+        attributes["namespace"] = namespace
+    review = await client.request_json(
+        "POST",
+        SSAR_PATH,
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        },
+    )
+    return bool((review.get("status") or {}).get("allowed"))
+
+
+class _Report:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.failed = 0
+
+    def ok(self, what: str, detail: str) -> None:
+        self.out.write(f"ok    {what}: {detail}\n")
+
+    def fail(self, what: str, detail: str) -> None:
+        self.failed += 1
+        self.out.write(f"FAIL  {what}: {detail}\n")
+        self.out.flush()
+
+
+async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) -> int:
+    report = _Report(out)
+    report.ok("config", f"{len(settings.resources)} resource(s), sink {settings.sink.kind}")
+    try:
+        client = await KubeClient.from_kubeconfig(
+            settings.cluster.kubeconfig, settings.cluster.context
+        )
+    except BridgeError as e:
+        report.fail("kubeconfig", str(e))
+        return 1
+    try:
+        try:
+            version = await asyncio.wait_for(client.request_json("GET", "/version"), timeout)
+            report.ok("api", f"{client.host} answers, version {version.get('gitVersion', '?')}")
+        except (BridgeError, TimeoutError) as e:
+            report.fail("api", f"{client.host}: {e or 'timed out'}")
+            return 1
+        discovery = Discovery(client)
+        for res in resources_for_shard(settings):
+            what = f"resource {res.api_version}/{res.kind}"
+            try:
+                info = await discovery.resolve(res.api_version, res.kind)
+            except BridgeError as e:
+                report.fail(what, str(e))
+                continue
+            report.ok(
+                what,
+                f"served as {info.plural} ({'namespaced' if info.namespaced else 'cluster-scoped'})",
+            )
+            scopes: list[str | None] = list(res.namespaces) or [None]
+            for ns in scopes:
+                scope = f"in namespace {ns}" if ns else "in all namespaces"
+                for verb in ("list", "watch"):
+                    try:
+                        allowed = await can_i(client, verb, info, ns)
+                    except BridgeError as e:
+                        report.fail(f"{what} {verb}", f"access review failed: {e}")
+                        continue
+                    if allowed:
+                        report.ok(f"{what} {verb}", f"allowed {scope}")
+                    else:
+                        report.fail(
+                            f"{what} {verb}",
+                            f"forbidden {scope}: grant {verb} on {info.plural}"
+                            f"{'.' + info.group if info.group else ''}",
+                        )
+    finally:
+        await client.close()
+    await _check_sink(settings, report, timeout)
+    await _check_checkpoints(settings, report)
+    return 1 if report.failed else 0
+
+
+async def _check_sink(settings: Settings, report: _Report, timeout: float) -> None:
+    from bridge.app import build_sink
+
+    sink = build_sink(settings)
+    what = f"sink {settings.sink.kind}"
+    try:
+        await asyncio.wait_for(sink.start(), timeout)
+        reachable = await asyncio.wait_for(sink.ping(), timeout)
+    except (BridgeError, TimeoutError) as e:
+        report.fail(what, str(e) or "timed out")
+        return
+    finally:
+        try:
+            await sink.close()
+        except BridgeError:
+            pass
+    if reachable:
+        report.ok(what, "reachable")
+    else:
+        report.fail(what, "not reachable")
+
+
+async def _check_checkpoints(settings: Settings, report: _Report) -> None:
+    from bridge.app import build_checkpoints
+
+    store = build_checkpoints(settings)
+    what = f"checkpoint {settings.checkpoint.kind}"
+    try:
+        await store.open()
+    except BridgeError as e:
+        report.fail(what, str(e))
+        return
+    except OSError as e:
+        report.fail(what, f"cannot open: {e}")
+        return
+    finally:
+        try:
+            await store.close()
+        except BridgeError:
+            pass
+    report.ok(what, "opens")

@@ -1,0 +1,216 @@
+"""Reading the stream back: a typed consumer that drops redeliveries, and ``k8s-bridge tail``.
+
+Downstream services can use ``consume()`` as it is: it yields each event once
+(a redelivery carries the same ``id`` and is dropped) in bus order, which is
+resourceVersion order per object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import orjson
+
+from bridge.errors import SinkUnavailableError
+from bridge.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedEvent:
+    """One CloudEvent as read from the bus."""
+
+    id: str
+    type: str
+    source: str
+    subject: str
+    time: str
+    resource_version: str
+    initial: bool
+    data: dict[str, Any]
+    raw: bytes
+
+    @property
+    def change(self) -> str:
+        """``added`` | ``modified`` | ``deleted``."""
+        return self.type.rsplit(".", 1)[-1]
+
+    @property
+    def kind(self) -> str:
+        return self.type.rsplit(".", 2)[-2]
+
+    @property
+    def object(self) -> dict[str, Any]:
+        obj = self.data.get("object")
+        return obj if isinstance(obj, dict) else {}
+
+    @classmethod
+    def parse(cls, raw: bytes) -> ReceivedEvent:
+        doc = orjson.loads(raw)
+        return cls(
+            id=str(doc["id"]),
+            type=str(doc["type"]),
+            source=str(doc["source"]),
+            subject=str(doc.get("subject", "")),
+            time=str(doc.get("time", "")),
+            resource_version=str(doc.get("resourceversion", "")),
+            initial=bool(doc.get("initial", False)),
+            data=doc.get("data") or {},
+            raw=raw,
+        )
+
+
+class Deduplicator:
+    """Remembers the last ``capacity`` event ids; ``seen(id)`` is True for a redelivery."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def seen(self, event_id: str) -> bool:
+        if event_id in self._ids:
+            self._ids.move_to_end(event_id)
+            return True
+        self._ids[event_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+        return False
+
+
+def _matches(event: ReceivedEvent, resource: str | None) -> bool:
+    if not resource:
+        return True
+    kind = resource.rpartition("/")[2]
+    return event.kind.lower() == kind.lower()
+
+
+async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
+    import nats
+    from nats.js.api import DeliverPolicy
+
+    n = settings.sink.nats
+    try:
+        nc = await nats.connect(servers=n.servers, connect_timeout=5, max_reconnect_attempts=3)
+    except Exception as e:
+        raise SinkUnavailableError(f"nats {','.join(n.servers)}: {e}") from e
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(
+            f"k8s.{settings.cluster.name}.>",
+            stream=n.stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
+        )
+        async for msg in sub.messages:
+            yield msg.data
+    finally:
+        await nc.close()
+
+
+async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import KafkaError
+
+    k = settings.sink.kafka
+    if "{" in k.topic:
+        topic_pattern = "^" + k.topic.split("{", 1)[0].replace(".", r"\.") + ".*"
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=k.bootstrap_servers,
+            auto_offset_reset="earliest" if from_start else "latest",
+            enable_auto_commit=False,
+        )
+    else:
+        topic_pattern = ""
+        consumer = AIOKafkaConsumer(
+            k.topic,
+            bootstrap_servers=k.bootstrap_servers,
+            auto_offset_reset="earliest" if from_start else "latest",
+            enable_auto_commit=False,
+        )
+    try:
+        await consumer.start()
+    except KafkaError as e:
+        raise SinkUnavailableError(f"kafka {','.join(k.bootstrap_servers)}: {e}") from e
+    try:
+        if topic_pattern:
+            consumer.subscribe(pattern=topic_pattern)
+        async for record in consumer:
+            if record.value is not None:
+                yield record.value
+    finally:
+        await consumer.stop()
+
+
+async def consume(
+    settings: Settings,
+    *,
+    resource: str | None = None,
+    from_start: bool = False,
+    dedupe: Deduplicator | None = None,
+) -> AsyncGenerator[ReceivedEvent, None]:
+    """Yield the events of the configured bus once each (redeliveries dropped by id)."""
+    kind = settings.sink.kind
+    source: AsyncGenerator[bytes, None]
+    if kind == "nats":
+        source = _nats_messages(settings, from_start)
+    elif kind == "kafka":
+        source = _kafka_messages(settings, from_start)
+    else:
+        raise SinkUnavailableError(f"cannot read events back from sink.kind {kind!r}")
+    dedupe = dedupe or Deduplicator()
+    async with contextlib.aclosing(source) as messages:
+        async for raw in messages:
+            event = ReceivedEvent.parse(raw)
+            if dedupe.seen(event.id) or not _matches(event, resource):
+                continue
+            yield event
+
+
+def summary_line(event: ReceivedEvent) -> str:
+    tomb = " (tombstone)" if event.data.get("tombstone") else ""
+    initial = " initial" if event.initial else ""
+    return f"{event.change.upper():9} {event.kind:12} {event.subject}  rv={event.resource_version}{initial}{tomb}"
+
+
+async def tail(
+    settings: Settings,
+    *,
+    resource: str | None,
+    count: int,
+    from_start: bool,
+    idle_timeout: float | None,
+    stop: asyncio.Event,
+    out: TextIO,
+    as_json: bool = True,
+) -> int:
+    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``."""
+    seen = 0
+    events = consume(settings, resource=resource, from_start=from_start)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        while not stop.is_set():
+            nxt = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait(
+                {nxt, stopper}, timeout=idle_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if nxt not in done:
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await nxt
+                break
+            event = nxt.result()
+            out.write((event.raw.decode() if as_json else summary_line(event)) + "\n")
+            out.flush()
+            seen += 1
+            if count and seen >= count:
+                break
+    except StopAsyncIteration:
+        pass
+    finally:
+        stopper.cancel()
+        await events.aclose()
+    return 0

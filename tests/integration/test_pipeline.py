@@ -1,0 +1,264 @@
+"""The pipeline end to end against the emulator over HTTP: exactly the real changes, once.
+
+Sink and checkpoint store are the memory twins here; the real buses are
+covered by tests/integration/test_delivery.py and the e2e tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.emulator import Emulator
+from bridge.events import EventBuilder
+from bridge.kube.client import KubeClient
+from bridge.kube.discovery import Discovery
+from bridge.kube.listwatch import ListWatch
+from bridge.kube.reflector import ReflectorSettings
+from bridge.pipeline import PipelineSettings, ResourcePipeline
+from bridge.sinks.memory import MemorySink
+
+pytestmark = pytest.mark.integration
+
+FAST = PipelineSettings(
+    flush_interval=0.05,
+    flush_events=50,
+    retry_initial=0.05,
+    retry_cap=0.2,
+    reflector=ReflectorSettings(backoff_initial=0.05, backoff_cap=0.2),
+)
+
+
+def pod(name: str, ns: str = "default", **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
+        "status": {"phase": "Pending", "conditions": []},
+    }
+
+
+@pytest.fixture
+async def client(kubeconfig: Path) -> AsyncIterator[KubeClient]:
+    c = await KubeClient.from_kubeconfig(str(kubeconfig))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+class Harness:
+    """Builds and runs pipelines for Pods, sharing one sink and one checkpoint store."""
+
+    def __init__(self, client: KubeClient, emulator: Emulator) -> None:
+        self.client = client
+        self.emulator = emulator
+        self.sink = MemorySink()
+        self.checkpoints = MemoryCheckpointStore()
+        self.ignore = ["status.conditions"]
+
+    async def pipeline(self) -> ResourcePipeline:
+        info = await Discovery(self.client).resolve("v1", "Pod")
+        return ResourcePipeline(
+            resource_id="core/v1/pods",
+            lw=ListWatch(self.client, info),
+            detector=ChangeDetector(Fingerprinter(self.ignore)),
+            builder=EventBuilder(cluster="test", group="", version="v1", kind="Pod", plural="pods"),
+            sink=self.sink,
+            checkpoints=self.checkpoints,
+            settings=FAST,
+        )
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ResourcePipeline]:
+        p = await self.pipeline()
+        task = asyncio.create_task(p.run())
+        try:
+            await wait_for(lambda: p.has_synced())
+            yield p
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def settled(self, p: ResourcePipeline) -> None:
+        """Until every change so far is published and checkpointed at the emulator's RV."""
+        want = str(self.emulator.resource_version)
+
+        async def checkpointed() -> bool:
+            cp = await self.checkpoints.load("core/v1/pods")
+            return cp is not None and cp.resource_version == want
+
+        await wait_for_async(checkpointed)
+
+    def kinds(self, start: int = 0) -> list[tuple[str, str]]:
+        return [(e.type.rsplit(".", 1)[-1], e.subject) for e in self.sink.events[start:]]
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def acond() -> bool:
+        return cond()
+
+    await wait_for_async(acond, timeout)
+
+
+async def wait_for_async(cond: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def harness(client: KubeClient, emulator: Emulator) -> Harness:
+    return Harness(client, emulator)
+
+
+async def test_initial_sync_publishes_each_object_once_marked_initial(
+    harness: Harness, emulator: Emulator
+) -> None:
+    for i in range(3):
+        emulator.create(pod(f"p{i}"))
+    async with harness.running() as p:
+        await harness.settled(p)
+    assert sorted(harness.kinds()) == [("added", f"default/p{i}") for i in range(3)]
+    assert all(e.initial for e in harness.sink.events)
+    cp = await harness.checkpoints.load("core/v1/pods")
+    assert cp is not None and set(cp.digests) == {f"default/p{i}" for i in range(3)}
+
+
+async def test_live_changes_in_order_and_ignored_fields_publish_nothing(
+    harness: Harness, emulator: Emulator
+) -> None:
+    async with harness.running() as p:
+        emulator.create(pod("web"))
+        emulator.patch("v1", "Pod", "web", {"status": {"phase": "Running"}}, namespace="default")
+        # Only an ignored field: the API server bumps the RV, the bridge stays quiet.
+        emulator.patch(
+            "v1",
+            "Pod",
+            "web",
+            {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+            namespace="default",
+        )
+        emulator.delete("v1", "Pod", "web", namespace="default")
+        await harness.settled(p)
+    assert harness.kinds() == [
+        ("added", "default/web"),
+        ("modified", "default/web"),
+        ("deleted", "default/web"),
+    ]
+    ids = [e.id for e in harness.sink.events]
+    assert len(set(ids)) == 3
+    assert not any(e.initial for e in harness.sink.events)
+
+
+async def test_graceful_restart_without_changes_publishes_nothing(
+    harness: Harness, emulator: Emulator
+) -> None:
+    emulator.create(pod("a"))
+    async with harness.running() as p:
+        await harness.settled(p)
+    before = len(harness.sink.events)
+    async with harness.running() as p:
+        await harness.settled(p)
+        await asyncio.sleep(0.3)
+    assert len(harness.sink.events) == before == 1
+
+
+async def test_restart_after_compaction_publishes_exactly_the_missed_changes(
+    harness: Harness, emulator: Emulator
+) -> None:
+    for name in ("keep", "change", "gone"):
+        emulator.create(pod(name))
+    async with harness.running() as p:
+        await harness.settled(p)
+    first = len(harness.sink.events)
+    # While the bridge is down: one update, one delete, one create, one no-op
+    # (ignored field), then the history is compacted: resume must relist and diff.
+    emulator.patch("v1", "Pod", "change", {"spec": {"nodeName": "n1"}}, namespace="default")
+    emulator.delete("v1", "Pod", "gone", namespace="default")
+    emulator.create(pod("new"))
+    emulator.patch(
+        "v1",
+        "Pod",
+        "keep",
+        {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+        namespace="default",
+    )
+    emulator.chaos.compact()
+    async with harness.running() as p:
+        await harness.settled(p)
+    missed = sorted(harness.kinds(first))
+    assert missed == [
+        ("added", "default/new"),
+        ("deleted", "default/gone"),
+        ("modified", "default/change"),
+    ]
+    gone = next(e for e in harness.sink.events[first:] if e.subject == "default/gone")
+    assert gone.data.get("tombstone") is True
+
+
+async def test_dropped_watch_loses_nothing_and_republishes_nothing(
+    harness: Harness, emulator: Emulator
+) -> None:
+    async with harness.running() as p:
+        emulator.create(pod("x"))
+        await harness.settled(p)
+        emulator.chaos.drop_watches()
+        emulator.patch("v1", "Pod", "x", {"spec": {"nodeName": "n2"}}, namespace="default")
+        emulator.create(pod("y"))
+        await harness.settled(p)
+    assert harness.kinds() == [
+        ("added", "default/x"),
+        ("modified", "default/x"),
+        ("added", "default/y"),
+    ]
+
+
+async def test_sink_down_never_lets_the_checkpoint_pass_the_bus(
+    harness: Harness, emulator: Emulator
+) -> None:
+    async with harness.running() as p:
+        emulator.create(pod("one"))
+        await harness.settled(p)
+        committed = p.committed_resource_version
+        harness.sink.available = False
+        emulator.create(pod("two"))
+        await asyncio.sleep(0.4)
+        assert not p.sink_healthy
+        cp = await harness.checkpoints.load("core/v1/pods")
+        assert cp is not None and cp.resource_version == committed
+        assert "default/two" not in cp.digests
+        harness.sink.available = True
+        await harness.settled(p)
+        assert p.sink_healthy
+    assert harness.kinds() == [("added", "default/one"), ("added", "default/two")]
+
+
+async def test_delete_and_recreate_while_down_is_delete_then_add(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """Checklist 28 downstream: same name, new UID → delete of the old UID, add of the new."""
+    emulator.create(pod("same"))
+    async with harness.running() as p:
+        await harness.settled(p)
+    old_uid = harness.sink.events[0].data["object"]["metadata"]["uid"]
+    emulator.delete("v1", "Pod", "same", namespace="default")
+    emulator.create(pod("same"))
+    emulator.chaos.compact()
+    async with harness.running() as p:
+        await harness.settled(p)
+    tail = harness.sink.events[1:]
+    assert [e.type.rsplit(".", 1)[-1] for e in tail] == ["deleted", "added"]
+    assert tail[0].id.startswith(old_uid + ":")
+    assert not tail[1].id.startswith(old_uid + ":")
