@@ -1,18 +1,199 @@
-"""The ``k8s-bridge`` command line."""
+"""The ``k8s-bridge`` command line: run | demo | check | replay | tail | emulator | config."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
 
 from bridge import __version__
+from bridge.errors import BridgeError, ConfigError
+
+EXIT_CONFIG = 2
+EXIT_FAILURE = 1
+
+
+def _add_config_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--config", "-c", required=required, help="bridge YAML file")
+    p.add_argument("--kubeconfig", help="overrides cluster.kubeconfig")
+    p.add_argument("--context", help="overrides cluster.context")
+    p.add_argument("--sink", choices=["nats", "kafka", "stdout"], help="overrides sink.kind")
+    p.add_argument(
+        "--log-format", choices=["auto", "json", "console"], help="overrides logging.format"
+    )
+    p.add_argument("--log-level", help="overrides logging.level")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="k8s-bridge", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="k8s-bridge",
+        description="Publish every real change of Kubernetes objects to Kafka or NATS JetStream.",
+    )
     parser.add_argument("--version", action="version", version=f"k8s-bridge {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the bridge until SIGTERM/SIGINT")
+    _add_config_args(run)
+
+    check = sub.add_parser("check", help="check config, API access, resources and the bus")
+    _add_config_args(check)
+
+    replay = sub.add_parser("replay", help="re-publish the changes after a resourceVersion")
+    _add_config_args(replay)
+    replay.add_argument("--resource", required=True, help="kind (or apiVersion/kind) to replay")
+    replay.add_argument("--from-resource-version", required=True, dest="from_rv")
+    replay.add_argument("--namespace", help="when the resource is configured per namespace")
+
+    tail = sub.add_parser("tail", help="print events from the bus")
+    _add_config_args(tail)
+    tail.add_argument("--resource", help="only this kind (or apiVersion/kind)")
+    tail.add_argument("--count", type=int, default=0, help="stop after N events (0 = follow)")
+    tail.add_argument("--from-start", action="store_true", help="start at the first event kept")
+    tail.add_argument("--timeout", type=float, default=0, help="stop after N idle seconds")
+
+    demo = sub.add_parser("demo", help="the bridge against an embedded API emulator, no setup")
+    demo.add_argument("--sink", choices=["stdout", "nats", "kafka"], default="stdout")
+    demo.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    demo.add_argument("--kafka-bootstrap", default="127.0.0.1:9092")
+    demo.add_argument("--duration", type=float, default=0, help="stop after N seconds (0 = Ctrl-C)")
+    demo.add_argument("--rate", type=float, default=5.0, help="churn operations per second")
+    demo.add_argument("--json", action="store_true", help="print whole CloudEvents, not summaries")
+
+    emulator = sub.add_parser("emulator", help="serve the Kubernetes API emulator")
+    from bridge.emulator.cli import configure_parser
+
+    configure_parser(emulator)
+
+    config = sub.add_parser("config", help="configuration helpers")
+    config_sub = config.add_subparsers(dest="config_command", metavar="WHAT")
+    config_sub.add_parser("schema", help="print the JSON Schema of the config file")
+    validate = config_sub.add_parser("validate", help="validate a config file")
+    validate.add_argument("--config", "-c", required=True)
     return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = {
+        "cluster.kubeconfig": getattr(args, "kubeconfig", None),
+        "cluster.context": getattr(args, "context", None),
+        "sink.kind": getattr(args, "sink", None),
+        "logging.format": getattr(args, "log_format", None),
+        "logging.level": getattr(args, "log_level", None),
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
+    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so it can flush and exit 0."""
+
+    async def runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await main(stop)
+
+    return asyncio.run(runner())
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from bridge.app import BridgeApp
+    from bridge.logging import configure_logging
+    from bridge.settings import load_settings
+
+    settings = load_settings(args.config, _overrides(args))
+    configure_logging(settings.logging.format, settings.logging.level)
+
+    async def main(stop: asyncio.Event) -> int:
+        await BridgeApp(settings).run(stop)
+        return 0
+
+    return run_until_signal(main)
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from bridge.settings import load_settings, settings_json_schema
+
+    if args.config_command == "schema":
+        sys.stdout.write(orjson.dumps(settings_json_schema(), option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+        return 0
+    if args.config_command == "validate":
+        load_settings(args.config)
+        print(f"{args.config}: ok")
+        return 0
+    print("usage: k8s-bridge config {schema,validate}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from bridge.check import run_checks
+    from bridge.settings import load_settings
+
+    settings = load_settings(args.config, _overrides(args))
+    return asyncio.run(run_checks(settings, sys.stdout))
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from bridge.logging import configure_logging
+    from bridge.replay import replay
+    from bridge.settings import load_settings
+
+    settings = load_settings(args.config, _overrides(args))
+    configure_logging(settings.logging.format, settings.logging.level)
+
+    async def main(stop: asyncio.Event) -> int:
+        return await replay(settings, args.resource, args.from_rv, args.namespace, stop, sys.stderr)
+
+    return run_until_signal(main)
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from bridge.consumer import tail
+    from bridge.settings import load_settings
+
+    settings = load_settings(args.config, _overrides(args))
+
+    async def main(stop: asyncio.Event) -> int:
+        return await tail(
+            settings,
+            resource=args.resource,
+            count=args.count,
+            from_start=args.from_start,
+            idle_timeout=args.timeout or None,
+            stop=stop,
+            out=sys.stdout,
+        )
+
+    return run_until_signal(main)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from bridge.demo import run_demo
+
+    return run_until_signal(lambda stop: run_demo(args, stop, sys.stdout))
+
+
+def _cmd_emulator(args: argparse.Namespace) -> int:
+    from bridge.emulator.cli import run
+
+    return run(args)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _cmd_run,
+    "check": _cmd_check,
+    "replay": _cmd_replay,
+    "tail": _cmd_tail,
+    "demo": _cmd_demo,
+    "emulator": _cmd_emulator,
+    "config": _cmd_config,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    return 0
+        return EXIT_CONFIG
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_CONFIG
+    except BridgeError as e:
+        print(f"k8s-bridge {args.command}: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

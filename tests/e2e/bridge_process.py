@@ -1,0 +1,165 @@
+"""Running ``k8s-bridge run`` as a real process, and reading what reached the bus."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(path: Path, *, kubeconfig: Path, sink: dict[str, Any], **extra: Any) -> Path:
+    config: dict[str, Any] = {
+        "cluster": {"kubeconfig": str(kubeconfig), "name": "e2e"},
+        "resources": [
+            {"apiVersion": "v1", "kind": "Pod", "ignoreFields": ["status.conditions"]},
+            {"apiVersion": "v1", "kind": "Secret"},
+            {"apiVersion": "example.com/v1", "kind": "Widget"},
+        ],
+        "sink": sink,
+        "checkpoint": {
+            "kind": "sqlite",
+            "path": str(path.parent / "state.db"),
+            "flushInterval": 0.1,
+        },
+        "server": {"host": "127.0.0.1", "port": free_port()},
+        "logging": {"format": "json", "level": "info"},
+    }
+    config.update(extra)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class BridgeProcess:
+    """``k8s-bridge run --config`` in a subprocess, with its health endpoints."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.port = int(yaml.safe_load(config.read_text())["server"]["port"])
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log = config.parent / "bridge.log"
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "run",
+            "--config",
+            str(self.config),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+            env=env,
+        )
+
+    async def readyz(self) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.get(f"http://127.0.0.1:{self.port}/readyz") as r:
+                    return r.status, await r.text()
+            except aiohttp.ClientError as e:
+                return 0, str(e)
+
+    async def metrics(self) -> str:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{self.port}/metrics") as r,
+        ):
+            return await r.text()
+
+    async def wait_ready(self, timeout: float = 20.0) -> None:
+        await until(
+            lambda: self._ready(), timeout, lambda: f"bridge not ready; log:\n{self.tail_log()}"
+        )
+
+    async def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.returncode is not None:
+            raise AssertionError(f"bridge exited with {self.proc.returncode}:\n{self.tail_log()}")
+        status, _ = await self.readyz()
+        return status == 200
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            raise AssertionError(f"bridge did not stop on {sig}:\n{self.tail_log()}") from None
+
+    def tail_log(self, lines: int = 40) -> str:
+        if not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+async def until(
+    cond: Callable[[], Any], timeout: float = 20.0, message: Callable[[], str] | None = None
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = cond()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(message() if message else "condition not reached in time")
+        await asyncio.sleep(0.1)
+
+
+async def jetstream_events(url: str, stream: str = "K8S") -> list[dict[str, Any]]:
+    """Every message in the stream, decoded, with its subject and Nats-Msg-Id."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except NotFoundError:
+            return []
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages == 0:
+                break
+            msg = await js.get_msg(stream, seq)
+            doc = orjson.loads(msg.data or b"{}")
+            doc["_subject"] = msg.subject
+            doc["_msg_id"] = (msg.headers or {}).get("Nats-Msg-Id")
+            doc["_raw"] = msg.data
+            out.append(doc)
+        return out
+    finally:
+        await nc.close()
+
+
+def changes(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kind, change, subject) of each event, in bus order."""
+    return [(e["type"].split(".")[-2], e["type"].rsplit(".", 1)[-1], e["subject"]) for e in events]
+
+
+def kill9(proc: BridgeProcess) -> None:
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGKILL)
