@@ -1,0 +1,1 @@
+"""Benchmarks. Each module with a ``main(argv: list[str]) -> int`` is one; see ``__main__``."""
