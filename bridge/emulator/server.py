@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +104,12 @@ def _status_response(err: ApiStatusError) -> web.Response:
         secs = (body.get("details") or {}).get("retryAfterSeconds", 1)
         headers = {"Retry-After": str(secs)}
     return _json(body, err.code, headers)
+
+
+def _deep_copy(obj: Body) -> Body:
+    # JSON objects only: an orjson round trip is several times faster than copy.deepcopy.
+    out: Body = orjson.loads(orjson.dumps(obj))
+    return out
 
 
 def _truthy(value: str | None) -> bool:
@@ -230,17 +235,17 @@ class Emulator:
 
     @staticmethod
     def _copy(res: ResourceType, body: Body) -> Body:
-        return copy.deepcopy(full_object(res, body))
+        return _deep_copy(full_object(res, body))
 
     def create(self, obj: Body) -> Body:
         res = self._resource(obj["apiVersion"], obj["kind"])
         ns = self._ns(res, (obj.get("metadata") or {}).get("namespace"))
-        return self._copy(res, self.store.create(res, ns, copy.deepcopy(obj)))
+        return self._copy(res, self.store.create(res, ns, _deep_copy(obj)))
 
     def update(self, obj: Body) -> Body:
         res = self._resource(obj["apiVersion"], obj["kind"])
         ns = self._ns(res, (obj.get("metadata") or {}).get("namespace"))
-        return self._copy(res, self.store.update(res, ns, copy.deepcopy(obj)))
+        return self._copy(res, self.store.update(res, ns, _deep_copy(obj)))
 
     def patch(
         self,

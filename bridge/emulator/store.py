@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import builtins
 import random
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -211,26 +211,32 @@ class Store:
             list_rv = exact_rv
         if list_rv == self.rv:
             source = self.bucket(res)
-            keys: Iterable[Key] = self.sorted_keys(res)
+            keys = self.sorted_keys(res)
         else:
             source = self.state_at(res, list_rv)
             keys = sorted(source)
+        ns_filter = namespace if res.namespaced and namespace else None
+        # Keys sort by (namespace, name): a namespace and a continue point are ranges.
+        lo, hi = 0, len(keys)
+        if ns_filter is not None:
+            lo = bisect.bisect_left(keys, (ns_filter, ""))
+            hi = bisect.bisect_left(keys, (ns_filter + "\x00", ""))
+        if start_after is not None:
+            lo = max(lo, bisect.bisect_right(keys, start_after))
         items: list[Body] = []
         remaining = 0
         last: Key | None = None
-        ns_filter = namespace if res.namespaced and namespace else None
         full = False
-        for key in keys:
-            if start_after is not None and key <= start_after:
-                continue
-            if ns_filter is not None and key[0] != ns_filter:
-                continue
+        for pos in range(lo, hi):
+            key = keys[pos]
             body = source[key]
             if matcher is not None and not matcher(body):
                 continue
             if full:
-                remaining += 1
-                continue
+                # Without a selector the count is exact and free; with one, the server
+                # reports no count, so knowing that one more item matches is enough.
+                remaining = hi - pos if matcher is None else 1
+                break
             items.append(body)
             last = key
             if limit and len(items) >= limit:

@@ -130,3 +130,18 @@ async def test_control_endpoints_drive_chaos_over_http(emulator: Emulator) -> No
         async with http.get("/_emulator/state") as r:
             state = (await r.json())["result"]
     assert compacted == emulator.resource_version == state["compactedResourceVersion"]
+
+
+async def test_stop_ends_open_and_stalled_watches_promptly() -> None:
+    emu = Emulator()
+    await emu.start()
+    async with aiohttp.ClientSession(emu.url) as http:
+        async with http.get(CMS, params={"watch": "1"}) as open_watch:
+            emu.chaos.stall_watches()
+            async with http.get(CMS, params={"watch": "1"}) as stalled:
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                await asyncio.wait_for(emu.stop(), 5)
+                assert loop.time() - began < 3
+                assert await asyncio.wait_for(open_watch.content.read(), 5) == b""
+                assert await asyncio.wait_for(stalled.content.read(), 5) == b""

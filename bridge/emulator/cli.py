@@ -1,0 +1,91 @@
+"""``k8s-bridge emulator`` (and ``python -m bridge.emulator``): serve the emulator until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from bridge.emulator.churn import ChurnGenerator
+from bridge.emulator.server import Emulator
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
+    p.add_argument("--kubeconfig", metavar="PATH", help="write a kubeconfig for the emulator here")
+    p.add_argument(
+        "--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks"
+    )
+    p.add_argument(
+        "--history-limit", type=int, default=None, help="keep at most N events (older: 410)"
+    )
+    p.add_argument(
+        "--no-watch-list",
+        action="store_true",
+        help="ignore sendInitialEvents, like a server without streaming lists",
+    )
+    p.add_argument(
+        "--expired-mode",
+        choices=["event", "http"],
+        default="event",
+        help="how a too-old watch RV is refused: ERROR event (default) or HTTP 410",
+    )
+    p.add_argument("--churn", action="store_true", help="run the realistic change generator")
+    p.add_argument("--churn-rate", type=float, default=5.0, help="changes per second with --churn")
+    p.add_argument("--seed", type=int, default=None, help="random seed for --churn")
+
+
+async def serve(args: argparse.Namespace) -> None:
+    emu = Emulator(
+        host=args.host,
+        port=args.port,
+        bookmark_interval=args.bookmark_interval,
+        history_limit=args.history_limit,
+        watch_list=not args.no_watch_list,
+        expired_mode=args.expired_mode,
+    )
+    emu.register_resource(
+        group="example.com", version="v1", kind="Widget", plural="widgets", short_names=["wd"]
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    churn_task: asyncio.Task[None] | None = None
+    await emu.start()
+    try:
+        if args.kubeconfig:
+            emu.write_kubeconfig(args.kubeconfig)
+        if args.churn:
+            churn_task = asyncio.create_task(
+                ChurnGenerator(emu, rate=args.churn_rate, seed=args.seed).run(), name="churn"
+            )
+        # One parseable line: whoever started us waits for it to know we serve.
+        print(f"emulator serving {emu.url}", flush=True)
+        await stop.wait()
+    finally:
+        if churn_task is not None:
+            churn_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await churn_task
+        await emu.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bridge.emulator", description=__doc__)
+    configure_parser(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
