@@ -1,0 +1,424 @@
+"""NATS JetStream sink, with a pipelined publish path.
+
+nats-py's ``js.publish`` sends one message and awaits its PubAck before the
+next: one round trip per event, a few thousand events/s. Here messages go out
+as plain core-NATS publishes whose reply subjects live under one inbox
+subscription; JetStream answers each with a PubAck on its reply subject, and
+the acks of a batch are matched in bulk (one counter and one wake-up per
+batch, no future per message). A bounded window of unacknowledged messages
+keeps memory and the server's pending queue in check.
+
+Order per subject: one connection delivers in order and JetStream stores in
+arrival order. A batch that is not fully acknowledged (timeout, error,
+disconnect) is resent from its first unacknowledged message onwards, in the
+original order; messages that did land are dropped by the stream's duplicate
+window, as each carries ``Nats-Msg-Id`` = event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bridge.errors import SinkError, SinkUnavailableError
+from bridge.events import Event
+
+log = logging.getLogger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+
+Outgoing = tuple[str, bytes, dict[str, str] | None]
+
+
+class PublishTimeout(Exception):
+    """Not every message of a batch was acknowledged in time (or the connection dropped)."""
+
+    def __init__(self, message: str, batch: _Batch) -> None:
+        super().__init__(message)
+        self.batch = batch
+
+    @property
+    def first_unacked(self) -> int:
+        acked = self.batch.acked
+        return next((i for i, ok in enumerate(acked) if not ok), len(acked))
+
+
+@dataclass(slots=True)
+class _Batch:
+    remaining: int
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    acked: list[bool] = field(default_factory=list)
+    errors: dict[int, str] = field(default_factory=dict)
+    transport_error: str | None = None
+
+
+class JetStreamPublisher:
+    """Pipelined JetStream publishes over one core-NATS connection.
+
+    ``publish`` sends messages in order and returns when each has a PubAck,
+    raising ``PublishTimeout`` (or returning errors per index) otherwise. Also
+    used by the NATS KV checkpoint store: a KV put is a publish to
+    ``$KV.<bucket>.<key>``.
+    """
+
+    def __init__(self, nc: Client, *, max_in_flight: int = 2048, ack_timeout: float = 5.0) -> None:
+        self._nc = nc
+        self._max_in_flight = max(1, max_in_flight)
+        self._ack_timeout = ack_timeout
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._pending: dict[int, tuple[_Batch, int]] = {}
+        self._seq = 0
+        self._window_open = asyncio.Event()
+        self._window_open.set()
+
+    async def start(self) -> None:
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(
+            self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=self._max_in_flight * 4
+        )
+
+    async def stop(self) -> None:
+        self.fail_all("publisher stopped")
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except (nats.errors.Error, OSError):
+                pass  # the subscription stops processing before the UNSUB is sent
+
+    def fail_all(self, reason: str) -> None:
+        """Wake every waiting batch with a transport error (disconnect, stop)."""
+        for batch, _ in self._pending.values():
+            batch.transport_error = reason
+            batch.done.set()
+        self._pending.clear()
+        self._window_open.set()
+
+    async def _on_ack(self, msg: Msg) -> None:
+        try:
+            token = int(msg.subject.rsplit(".", 1)[1])
+        except (IndexError, ValueError):
+            return
+        entry = self._pending.pop(token, None)
+        if entry is None:
+            return  # a late ack of a batch that already gave up
+        batch, index = entry
+        error: str | None = None
+        if msg.headers and msg.headers.get("Status") == "503":
+            error = "no responders: no stream stores this subject"
+        elif msg.data:
+            try:
+                ack: dict[str, Any] = orjson.loads(msg.data)
+            except orjson.JSONDecodeError:
+                error = f"unreadable PubAck {msg.data[:80]!r}"
+            else:
+                err = ack.get("error")
+                if err:
+                    error = f"{err.get('code')}/{err.get('err_code')}: {err.get('description')}"
+        else:
+            error = "empty PubAck"
+        if error is None:
+            batch.acked[index] = True
+        else:
+            batch.errors[index] = error
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            batch.done.set()
+        if len(self._pending) <= self._max_in_flight // 2:
+            self._window_open.set()
+
+    async def publish(self, messages: Sequence[Outgoing]) -> _Batch:
+        """Send ``messages`` in order; return the batch (``acked``, ``errors``).
+
+        Raises ``PublishTimeout`` if acks did not all arrive, ``nats.errors.Error``
+        if the connection refused a publish.
+        """
+        batch = _Batch(remaining=len(messages), acked=[False] * len(messages))
+        if not messages:
+            return batch
+        nc = self._nc
+        pending = self._pending
+        prefix = self._inbox + "."
+        tokens: list[int] = []
+        try:
+            for index, (subject, payload, headers) in enumerate(messages):
+                if batch.transport_error:
+                    break
+                if len(pending) >= self._max_in_flight:
+                    self._window_open.clear()
+                    await asyncio.wait_for(self._window_open.wait(), self._ack_timeout)
+                    if batch.transport_error:
+                        break
+                self._seq += 1
+                token = self._seq
+                pending[token] = (batch, index)
+                tokens.append(token)
+                await nc.publish(subject, payload, reply=prefix + str(token), headers=headers)
+            if batch.transport_error is None:
+                await asyncio.wait_for(batch.done.wait(), self._ack_timeout)
+        except TimeoutError as exc:
+            raise PublishTimeout(
+                f"{batch.remaining} of {len(messages)} messages unacknowledged "
+                f"after {self._ack_timeout}s",
+                batch,
+            ) from exc
+        finally:
+            for token in tokens:
+                pending.pop(token, None)
+            if len(pending) <= self._max_in_flight // 2:
+                self._window_open.set()
+        if batch.transport_error is not None:
+            raise PublishTimeout(batch.transport_error, batch)
+        return batch
+
+
+def _tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not (ca or cert):
+        return None
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class NatsSink:
+    """Publishes events to a JetStream stream (created if missing, else used as is)."""
+
+    def __init__(
+        self,
+        servers: list[str] | str,
+        stream: str = "K8S",
+        subjects: list[str] | tuple[str, ...] = ("k8s.>",),
+        create_stream: bool = True,
+        max_in_flight: int = 2048,
+        credentials: str | None = None,
+        nkey_seed: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        connect_timeout: float = 5.0,
+        ack_timeout: float = 5.0,
+        retries: int = 2,
+        retry_backoff: float = 0.2,
+        duplicate_window: float = 120.0,
+    ) -> None:
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        self.stream = stream
+        self.subjects = list(subjects)
+        self.create_stream = create_stream
+        self.max_in_flight = max_in_flight
+        self.credentials = credentials
+        self.nkey_seed = nkey_seed
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca, tls_cert, tls_key
+        self.connect_timeout = connect_timeout
+        self.ack_timeout = ack_timeout
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+        self.duplicate_window = duplicate_window
+        self._nc: Client | None = None
+        self._publisher: JetStreamPublisher | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def where(self) -> str:
+        return ",".join(self.servers)
+
+    async def start(self) -> None:
+        if self._nc is not None:
+            return
+        try:
+            nc = await connect(
+                self.servers,
+                connect_timeout=self.connect_timeout,
+                credentials=self.credentials,
+                nkey_seed=self.nkey_seed,
+                tls=_tls_context(self.tls_ca, self.tls_cert, self.tls_key),
+                on_disconnect=self._on_disconnect,
+            )
+        except SinkError:
+            raise
+        try:
+            await self._ensure_stream(nc)
+            publisher = JetStreamPublisher(
+                nc, max_in_flight=self.max_in_flight, ack_timeout=self.ack_timeout
+            )
+            await publisher.start()
+        except BaseException:
+            await close_quietly(nc)
+            raise
+        self._nc, self._publisher = nc, publisher
+
+    async def _on_disconnect(self) -> None:
+        if self._publisher is not None:
+            self._publisher.fail_all(f"disconnected from NATS at {self.where}")
+
+    async def _ensure_stream(self, nc: Client) -> None:
+        js = nc.jetstream(timeout=self.connect_timeout)
+        try:
+            try:
+                await js.stream_info(self.stream)
+                return
+            except nats.js.errors.NotFoundError:
+                if not self.create_stream:
+                    raise SinkError(
+                        f"NATS stream {self.stream!r} does not exist and create_stream is off"
+                    ) from None
+            try:
+                await js.add_stream(
+                    name=self.stream,
+                    subjects=self.subjects,
+                    duplicate_window=self.duplicate_window,
+                )
+            except nats.js.errors.BadRequestError:
+                # Created meanwhile by another replica: use it as is.
+                await js.stream_info(self.stream)
+        except nats.js.errors.ServiceUnavailableError as exc:
+            raise SinkUnavailableError(f"JetStream not available at {self.where}: {exc}") from exc
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        nc, publisher = self._nc, self._publisher
+        if nc is None or publisher is None:
+            raise SinkError("NATS sink is not started")
+        messages: list[Outgoing] = []
+        for e in events:
+            if not e.nats_subject:
+                raise SinkError(f"event {e.id} has no NATS subject")
+            messages.append((e.nats_subject, e.to_json(), {MSG_ID: e.id}))
+        # One batch at a time keeps per-subject order across concurrent callers.
+        async with self._lock:
+            await self._publish_with_retries(nc, publisher, messages)
+
+    async def _publish_with_retries(
+        self, nc: Client, publisher: JetStreamPublisher, messages: list[Outgoing]
+    ) -> None:
+        start = 0
+        problem = ""
+        rejected = False
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.retry_backoff * attempt)
+            if not nc.is_connected:
+                problem = f"not connected to NATS at {self.where}"
+                rejected = False
+                continue
+            todo = messages[start:]
+            try:
+                batch = await publisher.publish(todo)
+            except PublishTimeout as exc:
+                problem, rejected = str(exc), False
+                # Resend from the first message without an ack, in order.
+                start += exc.first_unacked
+                continue
+            except nats.errors.Error as exc:
+                problem, rejected = f"{type(exc).__name__}: {exc}", False
+                continue
+            if not batch.errors:
+                return
+            first = min(batch.errors)
+            problem = f"JetStream rejected {len(batch.errors)} message(s): {batch.errors[first]}"
+            rejected = True
+            if "no responders" in batch.errors[first] and self.create_stream:
+                try:
+                    await self._ensure_stream(nc)
+                except SinkError:
+                    pass
+            start += first
+        if rejected:
+            raise SinkError(f"NATS stream {self.stream!r}: {problem}")
+        raise SinkUnavailableError(f"NATS at {self.where}: {problem}")
+
+    async def ping(self) -> bool:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return False
+        try:
+            await nc.flush(timeout=2)
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return True
+
+    async def close(self) -> None:
+        nc, publisher = self._nc, self._publisher
+        self._nc = self._publisher = None
+        if publisher is not None:
+            await publisher.stop()
+        if nc is not None:
+            await close_quietly(nc)
+
+
+async def close_quietly(nc: Client) -> None:
+    """Close a connection, also one whose server is gone.
+
+    nats-py flushes its reconnect buffer on close and raises
+    ConnectionResetError half-way when the socket is dead, leaving its
+    subscription tasks behind. Nothing buffered matters once we close: every
+    unacknowledged publish is retried by the caller anyway.
+    """
+    if not nc.is_connected:
+        nc._pending = []
+        nc._pending_data_size = 0
+    try:
+        await nc.close()
+    except (nats.errors.Error, OSError):
+        pass
+
+
+async def _quiet_error(exc: Exception) -> None:
+    log.debug("nats connection error: %r", exc)
+
+
+async def connect(
+    servers: list[str],
+    *,
+    connect_timeout: float = 5.0,
+    credentials: str | None = None,
+    nkey_seed: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    on_disconnect: Any = None,
+    name: str = "k8s-bridge",
+) -> Client:
+    """Connect to NATS; the first connect fails fast, later reconnects never give up."""
+    options: dict[str, Any] = {
+        "servers": servers,
+        "name": name,
+        "connect_timeout": connect_timeout,
+        "allow_reconnect": True,
+        # The first connect gives up after two rounds over the servers (a bad
+        # address must fail start); once connected, reconnect forever.
+        "max_reconnect_attempts": 1,
+        "reconnect_time_wait": 0.5,
+        "error_cb": _quiet_error,
+    }
+    if on_disconnect is not None:
+        options["disconnected_cb"] = on_disconnect
+    if credentials:
+        options["user_credentials"] = credentials
+    if nkey_seed:
+        options["nkeys_seed"] = nkey_seed
+    if tls is not None:
+        options["tls"] = tls
+    try:
+        nc = await nats.connect(**options)
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        raise SinkUnavailableError(
+            f"cannot connect to NATS at {','.join(servers)}: {exc!r}"
+        ) from exc
+    nc.options["max_reconnect_attempts"] = -1
+    return nc

@@ -1,0 +1,217 @@
+"""NatsSink against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import orjson
+import pytest
+from cloudevents.v1.http import from_json
+from nats.aio.client import Client
+
+from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.errors import SinkError, SinkUnavailableError
+from bridge.events import Event, EventBuilder
+from bridge.sinks.nats import MSG_ID, NatsSink
+from tests.fixtures.nats import NatsServer
+
+pytestmark = pytest.mark.integration
+
+detector = ChangeDetector(Fingerprinter([]))
+
+
+def make_events(n: int, *, cluster: str = "it", names: int = 10, start_rv: int = 1) -> list[Event]:
+    builder = EventBuilder(
+        cluster=cluster, group="", version="v1", kind="ConfigMap", plural="configmaps"
+    )
+    out = []
+    for i in range(n):
+        obj = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"cm.{i % names}",
+                "namespace": "ns",
+                "uid": f"uid-{i % names}",
+                "resourceVersion": str(start_rv + i),
+            },
+            "data": {"i": str(i)},
+        }
+        out.extend(builder.build(c) for c in detector.on_update(None, obj))
+    return out
+
+
+async def stream_messages(nc: Client, stream: str) -> list[Any]:
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    return [await js.get_msg(stream, seq) for seq in range(1, info.state.messages + 1)]
+
+
+@pytest.fixture
+async def client(nats_server: str) -> AsyncIterator[Client]:
+    nc = await nats.connect(nats_server)
+    yield nc
+    await nc.close()
+
+
+def unique_stream() -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    return f"T{tag}", f"c{tag}"
+
+
+async def test_messages_land_with_msg_id_and_subjects_in_order(
+    nats_server: str, client: Client
+) -> None:
+    stream, cluster = unique_stream()
+    sink = NatsSink([nats_server], stream=stream, subjects=[f"k8s.{cluster}.>"])
+    await sink.start()
+    try:
+        assert await sink.ping()
+        events = make_events(500, cluster=cluster)
+        await sink.publish(events[:200])
+        await sink.publish(events[200:])
+    finally:
+        await sink.close()
+    msgs = await stream_messages(client, stream)
+    assert len(msgs) == 500
+    for msg, event in zip(msgs, events, strict=True):
+        assert msg.subject == event.nats_subject
+        assert msg.subject.startswith(f"k8s.{cluster}.core.v1.configmaps.ns.cm%2E")
+        assert msg.headers[MSG_ID] == event.id
+        assert from_json(msg.data)["id"] == event.id
+    # Per subject, resourceVersions only grow.
+    last: dict[str, int] = {}
+    for msg in msgs:
+        rv = int(orjson.loads(msg.data)["resourceversion"])
+        assert rv > last.get(msg.subject, 0)
+        last[msg.subject] = rv
+
+
+async def test_existing_stream_is_used_as_is(nats_server: str, client: Client) -> None:
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"k8s.{cluster}.>", "other.>"], max_msgs=10_000)
+    sink = NatsSink([nats_server], stream=stream, subjects=["ignored.>"])
+    await sink.start()
+    try:
+        await sink.publish(make_events(3, cluster=cluster))
+    finally:
+        await sink.close()
+    info = await js.stream_info(stream)
+    assert info.config.subjects == [f"k8s.{cluster}.>", "other.>"]
+    assert info.state.messages == 3
+
+
+async def test_missing_stream_without_create_is_a_sink_error(nats_server: str) -> None:
+    sink = NatsSink([nats_server], stream="NOPE" + uuid.uuid4().hex[:6], create_stream=False)
+    with pytest.raises(SinkError, match="does not exist"):
+        await sink.start()
+
+
+async def test_redelivery_with_the_same_id_is_dropped_by_the_duplicate_window(
+    nats_server: str, client: Client
+) -> None:
+    stream, cluster = unique_stream()
+    sink = NatsSink([nats_server], stream=stream, subjects=[f"k8s.{cluster}.>"])
+    await sink.start()
+    try:
+        events = make_events(50, cluster=cluster)
+        await sink.publish(events)
+        await sink.publish(events[10:30])  # a retry after a crash before the checkpoint
+        await sink.publish(make_events(5, cluster=cluster, start_rv=1000))
+    finally:
+        await sink.close()
+    msgs = await stream_messages(client, stream)
+    assert len(msgs) == 55
+    assert len({m.headers[MSG_ID] for m in msgs}) == 55
+
+
+async def test_subject_not_in_stream_is_rejected_not_lost(nats_server: str) -> None:
+    stream, cluster = unique_stream()
+    sink = NatsSink(
+        [nats_server], stream=stream, subjects=[f"k8s.{cluster}.>"], retries=1, retry_backoff=0.01
+    )
+    await sink.start()
+    try:
+        with pytest.raises(SinkError):
+            await sink.publish(make_events(2, cluster="elsewhere" + cluster[4:]))
+    finally:
+        await sink.close()
+
+
+async def test_unreachable_server_at_start_is_unavailable() -> None:
+    from tests.fixtures.nats import free_port
+
+    sink = NatsSink([f"nats://127.0.0.1:{free_port()}"], connect_timeout=1)
+    with pytest.raises(SinkUnavailableError, match="cannot connect"):
+        await sink.start()
+
+
+async def _wait(predicate: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(0.05)
+
+
+async def test_server_down_is_unavailable_then_back_publishes(nats_control: NatsServer) -> None:
+    stream, cluster = unique_stream()
+    sink = NatsSink(
+        [nats_control.url],
+        stream=stream,
+        subjects=[f"k8s.{cluster}.>"],
+        ack_timeout=1.0,
+        retries=1,
+        retry_backoff=0.05,
+    )
+    await sink.start()
+    try:
+        events = make_events(30, cluster=cluster)
+        await sink.publish(events[:10])
+        nats_control.stop()
+
+        async def down() -> bool:
+            return not await sink.ping()
+
+        await _wait(down)
+        with pytest.raises(SinkUnavailableError):
+            await sink.publish(events[10:20])
+        nats_control.start()
+        await _wait(sink.ping)
+        # The caller retries the failed batch, then goes on.
+        await sink.publish(events[10:20])
+        await sink.publish(events[20:])
+    finally:
+        await sink.close()
+    nc = await nats.connect(nats_control.url)
+    try:
+        msgs = await stream_messages(nc, stream)
+    finally:
+        await nc.close()
+    assert [m.headers[MSG_ID] for m in msgs] == [e.id for e in events]
+
+
+async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsServer) -> None:
+    stream, cluster = unique_stream()
+    sink = NatsSink(
+        [nats_control.url],
+        stream=stream,
+        subjects=[f"k8s.{cluster}.>"],
+        ack_timeout=1.0,
+        retries=1,
+        retry_backoff=0.05,
+        max_in_flight=64,
+    )
+    await sink.start()
+    try:
+        events = make_events(20_000, cluster=cluster)
+        task = asyncio.create_task(sink.publish(events))
+        await asyncio.sleep(0.05)
+        nats_control.stop()
+        with pytest.raises(SinkUnavailableError):
+            await asyncio.wait_for(task, 15)
+    finally:
+        await sink.close()
