@@ -7,6 +7,22 @@
 
 Huge objects: ``emu.chaos.huge_object(name, namespace, size=2 * 1024 * 1024)``
 creates a ConfigMap whose JSON is about ``size`` bytes.
+
+A subprocess emulator (``python -m bridge.emulator --port P --kubeconfig PATH``,
+which prints ``emulator serving URL`` once ready) is driven over HTTP: POST (JSON
+body or query) to ``/_emulator/<action>`` with action one of ``drop_watches``,
+``truncate_watches``, ``stall_watches``, ``resume_watches``, ``fail_next``
+(n, status, retry_after), ``compact`` (rv), ``expired_mode`` (mode),
+``huge_object`` (name, namespace, size), ``register_resource`` (group, version,
+kind, plural, namespaced, short_names), ``forbid`` (verb, resource, group,
+namespace); GET ``/_emulator/requests`` and ``/_emulator/state``.
+
+Known differences from a real API server: only JSON is spoken (protobuf bodies,
+as ``kubectl create configmap`` sends, get 415); no OpenAPI documents (``kubectl
+apply`` needs ``--validate=false``); namespaces need not exist before objects are
+created in them, and deleting one removes its objects at once; status is not a
+separate subresource on the main resource (a PUT may change it); strategic
+merge patch merges lists of objects by ``name`` (and a few other keys) only.
 """
 
 from bridge.emulator.chaos import Chaos

@@ -20,7 +20,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--bookmark-interval", type=float, default=60.0, help="seconds between watch bookmarks"
     )
     p.add_argument(
-        "--history-limit", type=int, default=None, help="keep at most N events (older: 410)"
+        "--history-limit",
+        type=int,
+        default=50_000,
+        help="keep at most N events; watching from an older RV gets 410 (default 50000)",
     )
     p.add_argument(
         "--no-watch-list",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from bridge.emulator.store import (
 from bridge.emulator.tables import TableWatchEncoder, table
 from bridge.errors import ApiStatusError, NotFoundError
 
+log = logging.getLogger(__name__)
 DEFAULT_WATCH_TIMEOUT = 1800.0
 VERSION_INFO = {
     "major": "1",
@@ -325,6 +327,10 @@ class Emulator:
             return await self._dispatch(request, path, query)
         except ApiStatusError as err:
             return _status_response(err)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # Malformed input the handlers did not foresee: answer as the server would.
+            log.warning("emulator: %s %s failed: %r", request.method, path, exc)
+            return _status_response(status.internal_error(f"Internal error occurred: {exc!r}"))
 
     async def _dispatch(
         self, request: web.Request, path: str, query: dict[str, str]
@@ -466,7 +472,10 @@ class Emulator:
                 return _json(status.success({"kind": res.plural, "group": res.group}))
             self._check_allowed("delete", target)
             raw = await request.read()
-            opts = orjson.loads(raw) if raw else {}
+            try:
+                opts = orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:
+                opts = {}  # DeleteOptions in another encoding: only preconditions matter here
             pre = opts.get("preconditions") or {} if isinstance(opts, dict) else {}
             deleted = self.store.delete(
                 res,
@@ -536,6 +545,9 @@ class Emulator:
         limit_raw = query.get("limit")
         limit = int(limit_raw) if limit_raw and limit_raw.isdigit() and int(limit_raw) > 0 else None
         cont = query.get("continue") or None
+        if rv_raw == "0" and not cont:
+            # Like the 1.32 watch cache: RV=0 lists are served whole, the limit is ignored.
+            limit = None
         if match and not rv_raw:
             raise status.error(
                 422,
@@ -748,7 +760,7 @@ class Emulator:
                     version=str(args["version"]),
                     kind=str(args["kind"]),
                     plural=str(args["plural"]),
-                    namespaced=bool(args.get("namespaced", True)),
+                    namespaced=str(args.get("namespaced", True)).lower() not in ("false", "0"),
                     short_names=list(args.get("short_names") or []),
                 )
             elif action == "forbid":

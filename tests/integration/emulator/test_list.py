@@ -52,6 +52,15 @@ async def test_checklist_32_limit_gives_continue_and_remaining_count(emulator: E
     assert len(rvs) == 1
 
 
+async def test_rv_zero_ignores_limit_like_the_watch_cache(emulator: Emulator) -> None:
+    for i in range(3):
+        emulator.create(cm(f"cm{i}"))
+    _, whole = await _get(emulator, CMS, limit="1", resourceVersion="0")
+    _, paged = await _get(emulator, CMS, limit="1", resourceVersion="")
+    assert _names(whole) == ["cm0", "cm1", "cm2"] and "continue" not in whole["metadata"]
+    assert _names(paged) == ["cm0"] and paged["metadata"]["continue"]
+
+
 async def test_checklist_32_expired_continue_token_is_410(emulator: Emulator) -> None:
     """Checklist 32: a continue token whose RV was compacted → 410 Expired."""
     for i in range(3):
