@@ -1,0 +1,216 @@
+"""Kafka sink (aiokafka).
+
+Event mode: key = subject (one object, one partition, hence per-object order),
+value = the structured CloudEvent, headers ``ce_id``/``ce_type``/``ce_source``/
+``ce_subject``. State-table mode (a compacted topic holding each object's latest
+state): key = ``apiVersion/kind/namespace/name`` (namespace empty for
+cluster-scoped objects), value = the object JSON, and a null value (tombstone)
+when the object is deleted.
+
+``publish`` hands every record to the producer without waiting, then awaits
+all delivery futures: the producer batches per partition (``linger_ms``), and
+aiokafka sends one request per broker at a time, so records of one key stay
+in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+from typing import Any
+
+import aiokafka.errors as kerrors
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from bridge.errors import ConfigError, SinkError, SinkUnavailableError
+from bridge.events import Event
+
+_TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
+
+# Errors that mean "the cluster cannot take this now", as opposed to a rejection.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    kerrors.KafkaConnectionError,
+    kerrors.KafkaTimeoutError,
+    kerrors.NodeNotReadyError,
+    kerrors.RequestTimedOutError,
+    kerrors.NotLeaderForPartitionError,
+    kerrors.LeaderNotAvailableError,
+    kerrors.NotEnoughReplicasError,
+    kerrors.NotEnoughReplicasAfterAppendError,
+    kerrors.UnknownTopicOrPartitionError,
+    TimeoutError,
+    OSError,
+)
+
+
+def event_coordinates(event: Event) -> dict[str, str]:
+    """``group``, ``version``, ``kind``, ``resource``, ``cluster`` of an event, read
+    back from its ``type`` (``io.k8s.{group}.{version}.{kind}.{change}``; the group
+    may hold dots) and ``source`` (``k8s://{cluster}/{apiVersion}/{resource}``)."""
+    parts = event.type.split(".")
+    source = event.source.removeprefix("k8s://").split("/")
+    return {
+        "group": ".".join(parts[2:-3]),
+        "version": parts[-3],
+        "kind": parts[-2],
+        "resource": source[-1],
+        "cluster": source[0],
+    }
+
+
+def state_key(event: Event) -> bytes:
+    obj = event.data.get("object") or {}
+    md = obj.get("metadata") or {}
+    api_version = obj.get("apiVersion") or ""
+    kind = obj.get("kind") or ""
+    if not api_version or not kind:
+        c = event_coordinates(event)
+        group = "" if c["group"] == "core" else c["group"]
+        api_version = api_version or (f"{group}/{c['version']}" if group else c["version"])
+        kind = kind or c["kind"]
+    return f"{api_version}/{kind}/{md.get('namespace') or ''}/{md.get('name', '')}".encode()
+
+
+class KafkaSink:
+    def __init__(
+        self,
+        bootstrap_servers: list[str] | str,
+        topic: str = "k8s-events",
+        acks: str | int = "all",
+        enable_idempotence: bool = True,
+        compression: str | None = None,
+        linger_ms: int = 5,
+        max_batch_size: int = 1_048_576,
+        security_protocol: str = "PLAINTEXT",
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        state_table: bool = False,
+        request_timeout_ms: int = 30_000,
+        delivery_timeout: float = 60.0,
+    ) -> None:
+        self.bootstrap_servers = (
+            [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+        )
+        self.topic = topic
+        self._templated = "{" in topic
+        if self._templated:
+            try:
+                topic.format(**dict.fromkeys(_TEMPLATE_FIELDS, "x"))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(
+                    f"sink.kafka.topic {topic!r}: unknown placeholder {exc}; "
+                    f"allowed: {', '.join('{' + f + '}' for f in _TEMPLATE_FIELDS)}"
+                ) from None
+        self._topics: dict[tuple[str, str], str] = {}
+        self.state_table = state_table
+        self.delivery_timeout = delivery_timeout
+        self._options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "acks": acks if acks == "all" else int(acks),
+            "enable_idempotence": enable_idempotence,
+            "compression_type": compression,
+            "linger_ms": linger_ms,
+            "max_batch_size": max_batch_size,
+            "security_protocol": security_protocol,
+            "request_timeout_ms": request_timeout_ms,
+            "client_id": "k8s-bridge",
+        }
+        if sasl_mechanism:
+            self._options.update(
+                sasl_mechanism=sasl_mechanism,
+                sasl_plain_username=sasl_username,
+                sasl_plain_password=sasl_password,
+            )
+        if ssl_cafile or ssl_certfile or security_protocol in ("SSL", "SASL_SSL"):
+            ctx = ssl.create_default_context(cafile=ssl_cafile)
+            if ssl_certfile:
+                ctx.load_cert_chain(ssl_certfile, ssl_keyfile)
+            self._options["ssl_context"] = ctx
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def where(self) -> str:
+        return ",".join(self.bootstrap_servers)
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(**self._options)
+        try:
+            await producer.start()
+        except BaseException as exc:
+            await producer.stop()
+            if isinstance(exc, _UNAVAILABLE):
+                raise SinkUnavailableError(f"cannot reach Kafka at {self.where}: {exc!r}") from exc
+            if isinstance(exc, kerrors.KafkaError):
+                raise SinkError(f"Kafka at {self.where}: {exc!r}") from exc
+            raise
+        self._producer = producer
+
+    def topic_for(self, event: Event) -> str:
+        if not self._templated:
+            return self.topic
+        cache_key = (event.type.rsplit(".", 1)[0], event.source)
+        topic = self._topics.get(cache_key)
+        if topic is None:
+            topic = self._topics[cache_key] = self.topic.format(**event_coordinates(event))
+        return topic
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        producer = self._producer
+        if producer is None:
+            raise SinkError("Kafka sink is not started")
+        if not events:
+            return
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(self.delivery_timeout):
+                for e in events:
+                    if self.state_table:
+                        value = None if e.deleted else orjson.dumps(e.data.get("object"))
+                        fut = await producer.send(
+                            self.topic_for(e), value, key=state_key(e), headers=e.headers
+                        )
+                    else:
+                        fut = await producer.send(
+                            self.topic_for(e), e.to_json(), key=e.key, headers=e.headers
+                        )
+                    futures.append(fut)
+                await asyncio.gather(*futures)
+        except _UNAVAILABLE as exc:
+            raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+        except kerrors.KafkaError as exc:
+            if getattr(exc, "retriable", False):
+                raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+            raise SinkError(f"Kafka at {self.where} rejected a record: {exc!r}") from exc
+        finally:
+            # Futures still pending after a failure must not log "exception never retrieved".
+            for fut in futures:
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+                elif not fut.done():
+                    fut.cancel()
+
+    async def ping(self) -> bool:
+        producer = self._producer
+        if producer is None:
+            return False
+        try:
+            async with asyncio.timeout(5):
+                return bool(await producer.client.force_metadata_update())
+        except (kerrors.KafkaError, TimeoutError, OSError):
+            return False
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                await producer.stop()
+            except (kerrors.KafkaError, OSError):
+                pass
