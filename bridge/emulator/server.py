@@ -136,6 +136,9 @@ class Emulator:
         self.bookmark_interval = bookmark_interval
         self.watch_list = watch_list
         self.user = "emulator-admin"
+        # With watch_list=False: True answers sendInitialEvents with 422 (a 1.27-1.31 server
+        # with the WatchList gate off); False ignores it (a server that predates it).
+        self.reject_watch_list = False
         self.registry = Registry()
         for res in builtin_resources():
             self.registry.add(res)
@@ -592,21 +595,7 @@ class Emulator:
         timeout = float(timeout_raw) if timeout_raw else DEFAULT_WATCH_TIMEOUT
         send_initial = self.watch_list and "sendInitialEvents" in query
         initial_events = send_initial and _truthy(query.get("sendInitialEvents"))
-        if send_initial:
-            if query.get("resourceVersionMatch") != "NotOlderThan":
-                raise status.error(
-                    422,
-                    "Invalid",
-                    'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
-                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                )
-            if not bookmarks:
-                raise status.error(
-                    422,
-                    "Invalid",
-                    'ListOptions.meta.k8s.io "" is invalid: allowWatchBookmarks: Forbidden: '
-                    "sendInitialEvents requires setting allowWatchBookmarks to true",
-                )
+        self._validate_watch_options(query, send_initial, bookmarks)
         encoder = TableWatchEncoder(query.get("includeObject", "Metadata")) if as_table else None
         watcher = Watcher(res, target.namespace, matcher, encoder)
         start_rv = store.rv
@@ -646,6 +635,39 @@ class Emulator:
             return await self._stream(request, watcher, start_rv, bookmarks, timeout)
         finally:
             store.remove_watcher(watcher)
+
+    def _validate_watch_options(
+        self, query: dict[str, str], send_initial: bool, bookmarks: bool
+    ) -> None:
+        def invalid(path: str, why: str) -> ApiStatusError:
+            return status.error(
+                422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {path}: Forbidden: {why}'
+            )
+
+        if "sendInitialEvents" in query and not self.watch_list and self.reject_watch_list:
+            raise invalid(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate "
+                "is enabled",
+            )
+        if not self.watch_list:
+            return  # an older server: the streaming-list parameters mean nothing to it
+        match = query.get("resourceVersionMatch", "")
+        if send_initial and match != "NotOlderThan":
+            raise invalid(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )
+        if match and not send_initial:
+            raise invalid(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            )
+        if send_initial and not bookmarks:
+            raise invalid(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            )
 
     def _bookmark_line(self, watcher: Watcher, rv: int) -> bytes:
         obj = bookmark_object(watcher.res, rv)

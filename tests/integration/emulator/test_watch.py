@@ -142,6 +142,30 @@ async def test_watch_list_disabled_ignores_send_initial_events() -> None:
     assert annotated == []
 
 
+async def test_watch_list_rejected_by_a_server_with_the_gate_off() -> None:
+    """Checklist 18's other case: the server errors instead of ignoring the parameter."""
+    async with Emulator(watch_list=False) as emu:
+        emu.reject_watch_list = True
+        params = {
+            "watch": "1",
+            "sendInitialEvents": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersionMatch": "NotOlderThan",
+        }
+        async with aiohttp.ClientSession(emu.url) as http:
+            async with http.get(CMS, params=params) as r:
+                assert r.status == 422
+                body = await r.json()
+    assert body["reason"] == "Invalid" and "WatchList" in body["message"]
+
+
+async def test_resource_version_match_on_plain_watch_is_invalid(emulator: Emulator) -> None:
+    params = {"watch": "1", "resourceVersion": "1", "resourceVersionMatch": "NotOlderThan"}
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.get(CMS, params=params) as r:
+            assert r.status == 422
+
+
 async def test_checklist_31_periodic_bookmarks_and_one_before_timeout(emulator: Emulator) -> None:
     """Checklist 31: bookmarks every interval and just before timeoutSeconds; RVs never go back."""
     emulator.bookmark_interval = 0.3
