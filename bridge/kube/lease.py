@@ -347,9 +347,9 @@ class LeaderElector:
     async def _renew(self, renewed_at: float, work: asyncio.Task[None]) -> bool:
         """Keep renewing every retry_period. Returns False when leadership is lost
         (no renewal within renew_deadline, or another holder observed) and True
-        when ``work`` ended on its own."""
+        when ``work`` failed."""
         while True:
-            if await _sleep_unless_done(work, self.retry_period):
+            if await _sleep_unless_failed(work, self.retry_period):
                 return True
             deadline = renewed_at + self.renew_deadline
             while True:
@@ -365,7 +365,7 @@ class LeaderElector:
                 remaining = deadline - self._now()
                 if remaining <= 0:
                     return False
-                if await _sleep_unless_done(work, min(self.retry_period, remaining)):
+                if await _sleep_unless_failed(work, min(self.retry_period, remaining)):
                     return True
 
     async def _release(self) -> None:
@@ -397,12 +397,13 @@ class LeaderElector:
     ) -> None:
         """Campaign, lead, and return once leadership ends.
 
-        ``on_started_leading()`` runs as a task while this replica leads; it is
-        cancelled when leadership is lost, then ``on_stopped_leading()`` is awaited.
-        Leadership ends when renewal fails (the Lease stays with whoever takes it),
-        when the leading task returns or raises (the Lease is released; its
-        exception propagates), or when ``run`` is cancelled (released if
-        ``release_on_cancel``). Call ``run`` again to campaign anew.
+        ``on_started_leading()`` runs as a task while this replica leads (it may
+        return at once; leading goes on); it is cancelled when leadership is
+        lost, then ``on_stopped_leading()`` is awaited. Leadership ends when
+        renewal fails (the Lease stays with whoever takes it), when the leading
+        task raises (the Lease is released; the exception propagates), or when
+        ``run`` is cancelled (released if ``release_on_cancel``). Call ``run``
+        again to campaign anew.
         """
         renewed_at = await self._acquire()
         _log.info(
@@ -413,16 +414,16 @@ class LeaderElector:
         )
         self._leading = True
         work = asyncio.create_task(_run_awaitable(on_started_leading), name=f"leading:{self.name}")
-        work_ended = False
+        work_failed = False
         cancelled = False
         try:
-            work_ended = await self._renew(renewed_at, work)
+            work_failed = await self._renew(renewed_at, work)
         except asyncio.CancelledError:
             cancelled = True
             raise
         finally:
             self._leading = False
-            if not work_ended:
+            if not work_failed:
                 _log.warning(
                     "stopped leading",
                     lease=f"{self.namespace}/{self.name}",
@@ -433,11 +434,11 @@ class LeaderElector:
             try:
                 await on_stopped_leading()
             finally:
-                if work_ended or (cancelled and self._release_on_cancel):
+                if work_failed or (cancelled and self._release_on_cancel):
                     await self._release()
         exc = None if work.cancelled() else work.exception()
         if exc is not None:
-            if work_ended:
+            if work_failed:
                 raise exc
             _log.error("leading task failed while stopping", error=repr(exc))
 
@@ -446,12 +447,23 @@ async def _run_awaitable(factory: Callable[[], Awaitable[None]]) -> None:
     await factory()
 
 
-async def _sleep_unless_done(task: asyncio.Task[None], delay: float) -> bool:
-    """Sleep ``delay``; True (early) if ``task`` finished meanwhile."""
-    if task.done():
+async def _sleep_unless_failed(task: asyncio.Task[None], delay: float) -> bool:
+    """Sleep ``delay``; True (early) if ``task`` failed meanwhile. A task that
+    returned normally is no reason to stop leading (client-go runs
+    OnStartedLeading in a goroutine and keeps renewing)."""
+    if not task.done():
+        start = asyncio.get_running_loop().time()
+        await asyncio.wait({task}, timeout=delay)
+        delay -= asyncio.get_running_loop().time() - start
+    if _failed(task):
         return True
-    done, _ = await asyncio.wait({task}, timeout=delay)
-    return bool(done)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return False
+
+
+def _failed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
 
 
 async def _cancel_and_wait(task: asyncio.Task[None]) -> None:

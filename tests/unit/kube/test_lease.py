@@ -356,6 +356,26 @@ async def test_never_two_leaders_under_flaky_api() -> None:
     assert led > 0.6 * 400
 
 
+async def test_started_callback_may_return_at_once_and_leading_goes_on() -> None:
+    """As in client-go, OnStartedLeading returning is no reason to stop renewing."""
+    server = InMemoryLeaseClient()
+    timeline = Timeline()
+
+    async def quick() -> None:
+        return None
+
+    a = elector(Link(server), "a")
+    task = asyncio.create_task(a.run(*timeline.callbacks("a", quick)))
+    await wait_for(lambda: a.is_leader, timeout=5)
+    rv = int(server.leases[(NS, NAME)]["metadata"]["resourceVersion"])
+    await asyncio.sleep(60)
+    assert a.is_leader and not task.done()
+    assert int(server.leases[(NS, NAME)]["metadata"]["resourceVersion"]) > rv + 20
+    assert [e[1:] for e in timeline.events] == [("a", "start")]
+    await stop(task)
+    assert server.leases[(NS, NAME)]["spec"]["holderIdentity"] == ""
+
+
 def test_timing_rules_are_validated() -> None:
     server = InMemoryLeaseClient()
     with pytest.raises(ValueError, match="lease_duration"):
