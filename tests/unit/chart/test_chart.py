@@ -9,6 +9,7 @@ Helm tests skip with the reason, the schema-sync test still runs.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -99,12 +100,9 @@ CASES: dict[str, dict[str, Any]] = {
 
 def _helm_python_path() -> str | None:
     """A PYTHONPATH entry holding helm_python, installing it once if needed."""
-    try:
-        import helm_python  # noqa: F401
-
+    # find_spec, not import: the Go runtime is loaded only in the subprocess.
+    if importlib.util.find_spec("helm_python") is not None:
         return ""
-    except ImportError:
-        pass
     base = ROOT / ".venv" if (ROOT / ".venv").is_dir() else Path(tempfile.gettempdir())
     target = base / ("k8s-bridge-" + HELM_SDK.replace("==", "-"))
     marker = target / ".installed"
