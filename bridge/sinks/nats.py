@@ -282,9 +282,16 @@ class NatsSink:
                     subjects=self.subjects,
                     duplicate_window=self.duplicate_window,
                 )
-            except nats.js.errors.BadRequestError:
-                # Created meanwhile by another replica: use it as is.
-                await js.stream_info(self.stream)
+            except nats.js.errors.BadRequestError as exc:
+                # Created meanwhile by another replica: use it as is. Otherwise the
+                # server refused the stream (e.g. subjects overlap another stream).
+                try:
+                    await js.stream_info(self.stream)
+                except nats.js.errors.NotFoundError:
+                    raise SinkError(
+                        f"NATS at {self.where}: cannot create stream {self.stream!r}"
+                        f" for {self.subjects}: {exc.description}"
+                    ) from exc
         except nats.js.errors.ServiceUnavailableError as exc:
             raise SinkUnavailableError(f"JetStream not available at {self.where}: {exc}") from exc
         except (nats.errors.Error, TimeoutError, OSError) as exc:
