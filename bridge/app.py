@@ -81,7 +81,6 @@ def build_sink(settings: Settings) -> Sink:
             ssl_certfile=k.ssl.certfile if k.ssl else None,
             ssl_keyfile=k.ssl.keyfile if k.ssl else None,
             state_table=k.state_table,
-            cluster=settings.cluster.name,
         )
     raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
 

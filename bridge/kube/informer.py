@@ -42,7 +42,7 @@ from bridge.kube.store import Indexer, IndexerError, IndexFunc
 
 if TYPE_CHECKING:
     from bridge.kube.protocols import ListerWatcher
-    from bridge.kube.reflector import ReflectorSettings
+    from bridge.kube.reflector import Reflector, ReflectorSettings
 
 __all__ = [
     "HandlerRegistration",
@@ -189,7 +189,7 @@ class SharedInformer:
         self._handlers_changed = asyncio.Event()
         self._started = False
         self._stopped = False
-        self._reflector: Any = None
+        self._reflector: Reflector | None = None
 
     # -- handlers -------------------------------------------------------------
 
@@ -232,6 +232,11 @@ class SharedInformer:
         except TimeoutError:
             return False
         return True
+
+    @property
+    def reflector(self) -> Reflector | None:
+        """The running reflector (None before ``run``): its counters feed the metrics."""
+        return self._reflector
 
     @property
     def last_sync_resource_version(self) -> str:
