@@ -29,7 +29,10 @@ def names(store: RecordingStore, op: str) -> list[str]:
     return [str(v).split("@")[0] for o, v in store.ops if o == op]
 
 
-async def test_paginated_list_joins_pages(emulator: Emulator, client: KubeClient) -> None:
+async def test_first_list_at_rv0_is_served_whole_then_watches(
+    emulator: Emulator, client: KubeClient
+) -> None:
+    """Checklist 1, 5: RV=0 is answered from the watch cache, which ignores limit."""
     for i in range(25):
         emulator.create(pod_body(f"p{i:02d}"))
     store = RecordingStore()
@@ -38,14 +41,33 @@ async def test_paginated_list_joins_pages(emulator: Emulator, client: KubeClient
     async with running(r):
         await until(lambda: bool(watch_requests(emulator)))
     lists = list_requests(emulator)
-    assert [q.get("limit") for q in lists] == ["10", "10", "10"]
-    assert "continue" not in lists[0] and all("continue" in q for q in lists[1:])
-    assert lists[0]["resourceVersion"] == "0"
+    assert [(q.get("limit"), q["resourceVersion"]) for q in lists] == [("10", "0")]
     (op, (items, rv)) = store.ops[0]
     assert op == "replace" and len(items) == 25 and rv == str(emulator.resource_version)
     w = watch_requests(emulator)[0]
     assert w["resourceVersion"] == rv and w["allowWatchBookmarks"] == "true"
     assert 300 <= int(w["timeoutSeconds"]) < 600
+
+
+async def test_paginated_relist_joins_pages(emulator: Emulator, client: KubeClient) -> None:
+    """Checklist 4, 8: a relist at the last RV, paginated when asked, joins every page."""
+    for i in range(25):
+        emulator.create(pod_body(f"p{i:02d}"))
+    store = RecordingStore()
+    settings = ReflectorSettings(watch_list="off", page_size=10, paginate_relists=True)
+    r = Reflector(ListWatch(client, PODS), store, settings=settings)
+    async with running(r):
+        await until(lambda: bool(watch_requests(emulator)))
+        await asyncio.sleep(1.1)  # past the short-watch window (checklist 11)
+        emulator.create(pod_body("p25"))
+        emulator.chaos.compact()
+        emulator.chaos.drop_watches()
+        await until(lambda: len([o for o, _ in store.ops if o == "replace"]) >= 2)
+    relists = [q for q in list_requests(emulator) if q.get("resourceVersion") != "0"]
+    assert [q.get("limit") for q in relists] == ["10", "10", "10"]
+    assert "continue" not in relists[0] and all("continue" in q for q in relists[1:])
+    (_, (items, _)) = [o for o in store.ops if o[0] == "replace"][-1]
+    assert len(items) == 26
 
 
 async def test_selectors_and_namespaces_go_to_the_server(
