@@ -17,7 +17,11 @@ from typing import Any, TextIO
 import orjson
 
 from bridge.errors import SinkUnavailableError
+from bridge.events import nats_token
+from bridge.logging import get_logger
 from bridge.settings import Settings
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,17 @@ class ReceivedEvent:
 
     @classmethod
     def parse(cls, raw: bytes) -> ReceivedEvent:
-        doc = orjson.loads(raw)
+        """Decode one structured-mode CloudEvent; ``ValueError`` when ``raw`` is not one."""
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise ValueError("not a CloudEvent: not a JSON object")
+        missing = [k for k in ("id", "type", "source") if not doc.get(k)]
+        if missing:
+            raise ValueError(f"not a CloudEvent: no {', '.join(missing)}")
+        data = doc.get("data")
         return cls(
             id=str(doc["id"]),
             type=str(doc["type"]),
@@ -58,8 +72,8 @@ class ReceivedEvent:
             subject=str(doc.get("subject", "")),
             time=str(doc.get("time", "")),
             resource_version=str(doc.get("resourceversion", "")),
-            initial=bool(doc.get("initial", False)),
-            data=doc.get("data") or {},
+            initial=doc.get("initial") is True,
+            data=data if isinstance(data, dict) else {},
             raw=raw,
         )
 
@@ -68,6 +82,8 @@ class Deduplicator:
     """Remembers the last ``capacity`` event ids; ``seen(id)`` is True for a redelivery."""
 
     def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"Deduplicator capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         self._ids: OrderedDict[str, None] = OrderedDict()
 
@@ -80,12 +96,22 @@ class Deduplicator:
             self._ids.popitem(last=False)
         return False
 
+    def __len__(self) -> int:
+        return len(self._ids)
+
 
 def _matches(event: ReceivedEvent, resource: str | None) -> bool:
+    """``resource`` is ``Kind`` or ``apiVersion/Kind`` (the ``--resource`` of the CLI)."""
     if not resource:
         return True
-    kind = resource.rpartition("/")[2]
-    return event.kind.lower() == kind.lower()
+    api_version, _, kind = resource.rpartition("/")
+    if event.kind.lower() != kind.lower():
+        return False
+    if not api_version:
+        return True
+    group, _, version = api_version.rpartition("/")
+    # type is io.k8s.{group or core}.{version}.{Kind}.{change}; groups contain dots.
+    return event.type.startswith(f"io.k8s.{group or 'core'}.{version}.")
 
 
 async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
@@ -100,7 +126,7 @@ async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator
     try:
         js = nc.jetstream()
         sub = await js.subscribe(
-            f"k8s.{settings.cluster.name}.>",
+            f"k8s.{nats_token(settings.cluster.name)}.>",
             stream=n.stream,
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
@@ -164,7 +190,12 @@ async def consume(
     dedupe = dedupe or Deduplicator()
     async with contextlib.aclosing(source) as messages:
         async for raw in messages:
-            event = ReceivedEvent.parse(raw)
+            try:
+                event = ReceivedEvent.parse(raw)
+            except ValueError as e:
+                # Another producer's message on the same topic/stream is not ours to fail on.
+                log.warning("skipping a message that is not a CloudEvent", error=str(e))
+                continue
             if dedupe.seen(event.id) or not _matches(event, resource):
                 continue
             yield event
