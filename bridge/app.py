@@ -22,7 +22,13 @@ from prometheus_client import CollectorRegistry
 
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
-from bridge.errors import ConfigError, SinkError
+from bridge.errors import (
+    ConfigError,
+    KubeConnectionError,
+    ServerError,
+    SinkError,
+    TooManyRequestsError,
+)
 from bridge.events import EventBuilder
 from bridge.health import HealthServer
 from bridge.kube.client import KubeClient
@@ -149,12 +155,15 @@ class BridgeApp:
         self.health: HealthServer | None = None
         self.leading = not settings.leader_election.enabled
         self._sink_started = False
+        self._api_error: str | None = None
         self._on_ready = on_ready
 
     # -- readiness --------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, list[str]]:
         reasons: list[str] = []
+        if self._api_error is not None:
+            reasons.append(f"api: {self._api_error}")
         if not self._sink_started:
             reasons.append(f"sink {self.settings.sink.kind}: not connected")
         if self.settings.leader_election.enabled and not self.leading:
@@ -190,6 +199,30 @@ class BridgeApp:
                 )
             resolved.append(ResolvedResource(res, info))
         return resolved
+
+    async def resolve_retrying(
+        self, client: KubeClient, stop: asyncio.Event
+    ) -> list[ResolvedResource] | None:
+        """``resolve``, retried while the API server is unreachable or answers 429/5xx.
+
+        Those heal by themselves (an API server restarting, a control plane
+        upgrade); a crash loop would only delay the bridge. An unknown kind or
+        a 403 needs a person and still raises at once. None when stopped first.
+        """
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                resolved = await self.resolve(client)
+            except (KubeConnectionError, ServerError, TooManyRequestsError) as e:
+                self._api_error = str(e) or type(e).__name__
+                log.warning("API server unavailable for discovery; retrying", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            self._api_error = None
+            return resolved
+        return None
 
     def build_pipelines(
         self, client: KubeClient, resolved: list[ResolvedResource]
@@ -273,7 +306,9 @@ class BridgeApp:
         log.info("health server listening", port=self.health.port)
         try:
             self.client = await KubeClient.from_kubeconfig(s.cluster.kubeconfig, s.cluster.context)
-            resolved = await self.resolve(self.client)
+            resolved = await self.resolve_retrying(self.client, stop)
+            if resolved is None:
+                return
             await self.checkpoints.open()
             if not await self.start_sink(stop):
                 return

@@ -1,0 +1,152 @@
+"""``k8s-bridge check`` as a process: the pre-flight a platform team runs before ``run``.
+
+Against the emulator over HTTP and a real nats-server: every check on its own
+line; exit 0 only when all pass; a failure names what to fix (the kind, the
+verb and resource, the sink, the config key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bridge.emulator import Emulator
+from tests.e2e.bridge_process import free_port, write_config
+from tests.fixtures.nats import NatsServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+async def check(config: Path, timeout: float = 40.0) -> tuple[int, list[str], str]:
+    """Run ``k8s-bridge check --config``; return (exit code, stdout lines, stderr)."""
+    env = dict(os.environ)
+    env.pop("KUBECONFIG", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bridge.cli",
+        "check",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"check did not finish in {timeout}s") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode().splitlines(), err.decode()
+
+
+def nats_config(tmp_path: Path, kubeconfig: Path, url: str, **extra: Any) -> Path:
+    return write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [url]}},
+        **extra,
+    )
+
+
+def failures(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("FAIL")]
+
+
+async def test_all_ok_exits_0_with_one_line_per_check(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    code, lines, err = await check(nats_config(tmp_path, kubeconfig, nats_control.url))
+    assert "Traceback" not in err, err
+    assert code == 0, (lines, err)
+    assert failures(lines) == []
+    assert all(line.startswith("ok ") for line in lines), lines
+    # config, api, then per resource (Pod, Secret, Widget): served + list + watch,
+    # then the sink and the checkpoint store.
+    assert len(lines) == 2 + 3 * 3 + 2, lines
+    assert lines[0].startswith("ok    config:")
+    assert lines[1].startswith("ok    api:") and emulator.url.split("//")[1] in lines[1]
+    for what in ("v1/Pod", "v1/Secret", "example.com/v1/Widget"):
+        mine = [line for line in lines if f"resource {what}" in line]
+        assert len(mine) == 3, (what, lines)
+        assert any(f"resource {what} watch: allowed" in line for line in mine)
+    assert any(line.startswith("ok    sink nats: reachable") for line in lines)
+    assert any(line.startswith("ok    checkpoint sqlite") for line in lines)
+
+
+async def test_unknown_kind_fails_naming_the_kind(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = nats_config(
+        tmp_path,
+        kubeconfig,
+        nats_control.url,
+        resources=[
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"apiVersion": "example.com/v1", "kind": "Gadget"},
+        ],
+    )
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    assert code != 0, lines
+    failed = failures(lines)
+    assert len(failed) == 1, lines
+    assert "Gadget" in failed[0] and "example.com/v1" in failed[0]
+    # The other resource and the sink are still checked: one run shows every problem.
+    assert any("resource v1/Pod watch: allowed" in line for line in lines)
+    assert any(line.startswith("ok    sink nats") for line in lines)
+
+
+async def test_forbidden_watch_fails_naming_verb_and_resource(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    emulator.forbid(verb="watch", resource="pods")
+    code, lines, err = await check(nats_config(tmp_path, kubeconfig, nats_control.url))
+    assert "Traceback" not in err, err
+    assert code != 0, lines
+    failed = failures(lines)
+    assert len(failed) == 1, lines
+    assert "watch" in failed[0] and "pods" in failed[0] and "v1/Pod" in failed[0]
+    assert any("resource v1/Pod list: allowed" in line for line in lines)
+
+
+async def test_unreachable_bus_fails_naming_the_sink(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator
+) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    config = nats_config(tmp_path, kubeconfig, dead)
+    started = time.monotonic()
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    elapsed = time.monotonic() - started
+    assert code != 0, lines
+    failed = failures(lines)
+    assert failed and failed[0].startswith("FAIL  sink nats"), lines
+    assert all("resource" not in line for line in failed)
+    assert elapsed < 30, f"check took {elapsed:.1f}s against a dead bus"
+
+
+async def test_bad_config_key_exits_2_with_one_line_naming_the_key(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator
+) -> None:
+    config = nats_config(tmp_path, kubeconfig, "nats://127.0.0.1:4222")
+    doc = yaml.safe_load(config.read_text())
+    doc["checkpoint"]["flushIntervall"] = 1
+    config.write_text(yaml.safe_dump(doc))
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    assert code == 2, (lines, err)
+    assert lines == []
+    err_lines = err.strip().splitlines()
+    assert len(err_lines) == 1, err
+    assert "checkpoint.flushIntervall" in err_lines[0]
+    assert "flushInterval" in err_lines[0].replace("checkpoint.flushIntervall", "")

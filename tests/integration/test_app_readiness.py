@@ -1,0 +1,208 @@
+"""BridgeApp in-process against the emulator over HTTP: what /readyz and /metrics tell a platform.
+
+/readyz is what a Kubernetes readiness probe (and a rollout) sees: 503 with
+the reasons until every informer has synced, 503 naming the sink while the
+bus refuses events, 200 otherwise. A kind the API server does not serve stops
+start-up with one error naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bridge.app import BridgeApp
+from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.emulator import Emulator
+from bridge.errors import UnknownKindError
+from bridge.settings import Settings, load_settings
+from bridge.sinks.memory import MemorySink
+from tests.e2e.bridge_process import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
+    }
+
+
+def settings_for(kubeconfig: Path, **overrides: Any) -> Settings:
+    raw: dict[str, Any] = {
+        "cluster": {"kubeconfig": str(kubeconfig), "name": "it"},
+        "resources": [
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"apiVersion": "example.com/v1", "kind": "Widget"},
+        ],
+        "sink": {"kind": "stdout"},
+        "checkpoint": {"kind": "memory", "flushInterval": 0.05},
+        "server": {"host": "127.0.0.1", "port": 0},
+    }
+    raw.update(overrides)
+    return load_settings(None, raw, env={})
+
+
+class Running:
+    """An app running in a task, with its health server's address."""
+
+    def __init__(self, app: BridgeApp) -> None:
+        self.app = app
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.app.run(self.stop), name="bridge-app")
+        await until(lambda: self._listening(), 10, lambda: "health server did not start")
+
+    def _listening(self) -> bool:
+        if self.task is not None and self.task.done():
+            self.task.result()  # surface a start-up failure
+        health = self.app.health
+        return health is not None and health._port is not None
+
+    async def get(self, path: str) -> tuple[int, str]:
+        assert self.app.health is not None
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(self.app.health.url + path) as r,
+        ):
+            return r.status, await r.text()
+
+    async def readyz(self) -> tuple[int, str]:
+        return await self.get("/readyz")
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 15)
+
+
+@contextlib.asynccontextmanager
+async def running(app: BridgeApp) -> AsyncIterator[Running]:
+    r = Running(app)
+    try:
+        await r.start()
+        yield r
+    finally:
+        await r.shutdown()
+
+
+async def status_is(r: Running, code: int) -> bool:
+    return (await r.readyz())[0] == code
+
+
+async def test_not_ready_until_informers_synced_then_ready(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """Checklist: HasSynced gates readiness. A stalled streaming list keeps the informers unsynced."""
+    emulator.create(pod("a"))
+    emulator.chaos.stall_watches()
+    sink = MemorySink()
+    settings = settings_for(kubeconfig, informer={"watchList": "on"})
+    app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
+    async with running(app) as r:
+        await until(lambda: app.pipelines, 10, lambda: "pipelines did not start")
+        # Give the informers every chance to (wrongly) report synced.
+        await asyncio.sleep(0.5)
+        code, body = await r.readyz()
+        assert code == 503, body
+        assert "v1/pods: not synced" in body and "example.com/v1/widgets: not synced" in body
+        assert sink.events == []
+        emulator.chaos.resume_watches()
+        await until(lambda: status_is(r, 200), 15, lambda: "not ready after resume")
+        await until(lambda: len(sink.events) == 1, 5)
+    assert [e.subject for e in sink.events] == ["default/a"]
+
+
+async def test_api_errors_at_start_keep_not_ready_then_ready(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """The first API requests fail with 500: the bridge stays up, not ready, naming the API,
+    retries, and becomes ready (a transient control-plane error is no reason to crash-loop)."""
+    emulator.create(pod("a"))
+    emulator.chaos.fail_next(3, status=500)
+    sink = MemorySink()
+    app = BridgeApp(settings_for(kubeconfig), sink=sink, checkpoints=MemoryCheckpointStore())
+    async with running(app) as r:
+        code, body = await r.readyz()
+        assert code == 503, body
+        assert "api: " in body, body
+        await until(lambda: status_is(r, 200), 20, lambda: "never ready")
+        await until(lambda: len(sink.events) == 1, 5)
+    failed = [q for q in emulator.requests[:3]]
+    assert all(q.method == "GET" for q in failed)
+    assert [e.subject for e in sink.events] == ["default/a"]
+
+
+async def test_sink_refusing_events_makes_not_ready_naming_the_sink_then_ready(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    sink = MemorySink()
+    settings = settings_for(kubeconfig)
+    app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
+    async with running(app) as r:
+        await until(lambda: status_is(r, 200), 15, lambda: "never ready")
+        sink.available = False
+        emulator.create(pod("while-down"))
+        await until(lambda: status_is(r, 503), 10, lambda: "still ready with the sink down")
+        _, body = await r.readyz()
+        assert "v1/pods: sink unreachable" in body, body
+        # Only the pipeline with pending events is paused.
+        assert "widgets" not in body, body
+        assert sink.events == []
+        sink.available = True
+        await until(lambda: status_is(r, 200), 15, lambda: "not ready after the sink came back")
+        assert [e.subject for e in sink.events] == ["default/while-down"]
+
+
+async def test_metrics_show_published_events_and_cache_objects(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    for name in ("a", "b", "c"):
+        emulator.create(pod(name))
+    sink = MemorySink()
+    app = BridgeApp(settings_for(kubeconfig), sink=sink, checkpoints=MemoryCheckpointStore())
+    async with running(app) as r:
+        await until(lambda: status_is(r, 200), 15)
+        emulator.delete("v1", "Pod", "c", namespace="default")
+        await until(lambda: len(sink.events) == 4, 10)
+
+        async def flushed() -> bool:
+            _, text = await r.get("/metrics")
+            return 'k8s_bridge_cache_objects{resource="v1/pods"} 2.0' in text
+
+        await until(flushed, 5, lambda: "cache_objects never reached 2")
+        code, text = await r.get("/metrics")
+    assert code == 200
+    assert 'k8s_bridge_events_published_total{resource="v1/pods",type="added"} 3.0' in text
+    assert 'k8s_bridge_events_published_total{resource="v1/pods",type="deleted"} 1.0' in text
+    assert "k8s_bridge_ready 1.0" in text
+    assert "k8s_bridge_leader" in text
+
+
+async def test_unknown_kind_at_start_raises_naming_the_kind(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    settings = settings_for(
+        kubeconfig,
+        resources=[
+            {"apiVersion": "v1", "kind": "Pod"},
+            {"apiVersion": "example.com/v1", "kind": "Gizmo"},
+        ],
+    )
+    sink = MemorySink()
+    app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
+    with pytest.raises(UnknownKindError, match="Gizmo") as info:
+        await asyncio.wait_for(app.run(asyncio.Event()), 10)
+    assert "example.com/v1" in str(info.value)
+    assert app.pipelines == [] and sink.events == []
