@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import ssl
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from bridge.errors import SinkUnavailableError
+from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import nats_token
 from bridge.logging import get_logger
 from bridge.settings import Settings
@@ -114,27 +116,50 @@ def _matches(event: ReceivedEvent, resource: str | None) -> bool:
     return event.type.startswith(f"io.k8s.{group or 'core'}.{version}.")
 
 
+def _nats_tls(settings: Settings) -> ssl.SSLContext | None:
+    tls = settings.sink.nats.tls
+    if tls is None:
+        return None
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    if tls.cert:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    return ctx
+
+
 async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
     import nats
     from nats.js.api import DeliverPolicy
 
+    from bridge.sinks.nats import close_quietly, connect
+
     n = settings.sink.nats
-    try:
-        nc = await nats.connect(servers=n.servers, connect_timeout=5, max_reconnect_attempts=3)
-    except Exception as e:
-        raise SinkUnavailableError(f"nats {','.join(n.servers)}: {e}") from e
+    where = ",".join(n.servers)
+    nc = await connect(
+        n.servers,
+        credentials=n.credentials,
+        nkey_seed=n.nkey_seed,
+        tls=_nats_tls(settings),
+        name="k8s-bridge-tail",
+    )
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(
-            f"k8s.{nats_token(settings.cluster.name)}.>",
-            stream=n.stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
-        )
+        try:
+            sub = await js.subscribe(
+                f"k8s.{nats_token(settings.cluster.name)}.>",
+                stream=n.stream,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
+            )
+        except nats.js.errors.NotFoundError as e:
+            raise SinkError(
+                f"NATS stream {n.stream!r} not found at {where} (nothing published yet?)"
+            ) from e
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            raise SinkUnavailableError(f"NATS at {where}: cannot read {n.stream!r}: {e!r}") from e
         async for msg in sub.messages:
             yield msg.data
     finally:
-        await nc.close()
+        await close_quietly(nc)
 
 
 async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
@@ -142,31 +167,35 @@ async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerato
     from aiokafka.errors import KafkaError
 
     k = settings.sink.kafka
+    where = ",".join(k.bootstrap_servers)
+    topics: tuple[str, ...] = ()
+    pattern = ""
     if "{" in k.topic:
-        topic_pattern = "^" + k.topic.split("{", 1)[0].replace(".", r"\.") + ".*"
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=k.bootstrap_servers,
-            auto_offset_reset="earliest" if from_start else "latest",
-            enable_auto_commit=False,
-        )
+        # A templated topic (one per resource): everything that starts like it.
+        pattern = "^" + re.escape(k.topic.split("{", 1)[0]) + ".*"
     else:
-        topic_pattern = ""
-        consumer = AIOKafkaConsumer(
-            k.topic,
-            bootstrap_servers=k.bootstrap_servers,
-            auto_offset_reset="earliest" if from_start else "latest",
-            enable_auto_commit=False,
-        )
+        topics = (k.topic,)
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=k.bootstrap_servers,
+        auto_offset_reset="earliest" if from_start else "latest",
+        enable_auto_commit=False,
+        client_id="k8s-bridge-tail",
+    )
     try:
         await consumer.start()
     except KafkaError as e:
-        raise SinkUnavailableError(f"kafka {','.join(k.bootstrap_servers)}: {e}") from e
+        await consumer.stop()
+        raise SinkUnavailableError(f"cannot reach Kafka at {where}: {e!r}") from e
     try:
-        if topic_pattern:
-            consumer.subscribe(pattern=topic_pattern)
-        async for record in consumer:
-            if record.value is not None:
-                yield record.value
+        if pattern:
+            consumer.subscribe(pattern=pattern)
+        try:
+            async for record in consumer:
+                if record.value is not None:
+                    yield record.value
+        except KafkaError as e:
+            raise SinkUnavailableError(f"Kafka at {where}: {e!r}") from e
     finally:
         await consumer.stop()
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from bridge.app import build_checkpoints, build_sink, resource_id
-from bridge.changes import Change, ChangeDetector, ChangeKind, Fingerprinter, object_from_digest
-from bridge.errors import ConfigError, ExpiredError
+from bridge.changes import Change, ChangeDetector, Fingerprinter, object_from_digest
+from bridge.checkpoints.base import Checkpoint
+from bridge.errors import ConfigError, ExpiredError, status_error
 from bridge.events import Event, EventBuilder
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
@@ -28,8 +31,6 @@ from bridge.settings import ResourceSettings, Settings
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
-
-_KINDS = {"ADDED": ChangeKind.ADDED, "MODIFIED": ChangeKind.MODIFIED, "DELETED": ChangeKind.DELETED}
 
 
 def find_resource(settings: Settings, wanted: str) -> ResourceSettings:
@@ -51,6 +52,16 @@ def _rv_int(rv: str) -> int:
         return -1
 
 
+def _positive_rv(raw: str) -> str:
+    # "0" and "" mean "any version" to the API server: nothing to replay from.
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ConfigError(
+            f"config error: --from-resource-version {raw!r} is not a resourceVersion "
+            "(a positive integer as shown in metadata.resourceVersion or an event)"
+        )
+    return raw
+
+
 async def replay(
     settings: Settings,
     wanted: str,
@@ -62,7 +73,9 @@ async def replay(
     quiet: float = 2.0,
     sink: Sink | None = None,
 ) -> int:
+    """Publish again what changed in ``wanted`` after ``from_rv``; returns the exit code."""
     res = find_resource(settings, wanted)
+    from_rv = _positive_rv(from_rv)
     if res.namespaces and namespace is None:
         if len(res.namespaces) > 1:
             raise ConfigError(
@@ -87,12 +100,14 @@ async def replay(
         try:
             n = await _replay_watch(lw, builder, detector, sink, from_rv, stop, quiet)
             err.write(f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}\n")
-        except ExpiredError as e:
+        except ExpiredError:
+            rid = resource_id(info, namespace, res)
             err.write(
-                f"resourceVersion {from_rv} is no longer available on the API server ({e}); "
-                "publishing the difference between the current state and the stored checkpoint instead\n"
+                f"resourceVersion {from_rv} of {info.plural} is no longer available on the "
+                f"API server (compacted); publishing the difference between the current state "
+                f"and the checkpoint of {rid} instead\n"
             )
-            n = await _replay_diff(settings, lw, info, res, namespace, builder, detector, sink)
+            n = await _replay_diff(settings, lw, info, rid, builder, detector, sink, err)
             err.write(f"published {n} change(s) of {info.plural} from a relist diff\n")
         return 0
     finally:
@@ -102,6 +117,7 @@ async def replay(
 
 
 def _builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
+    # The same options as the running bridge: a replayed event carries the same data.
     return EventBuilder(
         cluster=settings.cluster.name,
         group=info.group,
@@ -110,7 +126,24 @@ def _builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> E
         plural=info.plural,
         redact_secrets=res.redact_secrets,
         mask_paths=res.mask_paths,
+        include_old=res.include_old,
+        patch=res.patch,
     )
+
+
+async def _list_all(lw: ListWatch, options: ListOptions) -> tuple[list[RawObject], str]:
+    """Every page of a LIST; returns the items and the list's resourceVersion."""
+    items: list[RawObject] = []
+    token: str | None = None
+    list_rv = ""
+    while True:
+        page = await lw.list(replace(options, continue_token=token))
+        items.extend(page.get("items") or [])
+        md = page.get("metadata") or {}
+        list_rv = list_rv or str(md.get("resourceVersion", ""))
+        token = md.get("continue") or None
+        if not token:
+            return items, list_rv
 
 
 async def _replay_watch(
@@ -122,6 +155,16 @@ async def _replay_watch(
     stop: asyncio.Event,
     quiet: float,
 ) -> int:
+    """The changes after ``from_rv``, decided exactly as the running bridge decided them.
+
+    The bridge published only real changes (an update of ignored fields published
+    nothing), so replay needs the state at ``from_rv`` to compare against: an
+    exact LIST at that version (410 when compacted, like the watch).
+    """
+    baseline, _ = await _list_all(
+        lw, ListOptions(resource_version=from_rv, resource_version_match="Exact", limit=500)
+    )
+    state: dict[str, RawObject] = {namespace_key(o): o for o in baseline}
     # Where "now" is: replay ends there (or when the stream stays quiet).
     head = await lw.list(ListOptions(limit=1))
     target = _rv_int(str((head.get("metadata") or {}).get("resourceVersion", "")))
@@ -129,7 +172,7 @@ async def _replay_watch(
     batch: list[Event] = []
     options = WatchOptions(resource_version=from_rv, allow_watch_bookmarks=True, timeout_seconds=60)
     async with lw.watch(options) as stream:
-        while not stop.is_set():
+        while not stop.is_set() and _rv_int(from_rv) < target:
             try:
                 event = await asyncio.wait_for(anext(stream), quiet)
             except (TimeoutError, StopAsyncIteration):
@@ -137,14 +180,10 @@ async def _replay_watch(
             etype = event.get("type")
             obj = event.get("object") or {}
             if etype == "ERROR":
-                from bridge.errors import status_error
-
-                raise status_error(obj)
+                raise status_error(dict(obj))
             rv = _rv_int(str((obj.get("metadata") or {}).get("resourceVersion", "")))
-            kind = _KINDS.get(str(etype))
-            if kind is not None:
-                digest = detector.digest_of(obj) if kind is not ChangeKind.DELETED else None
-                batch.append(builder.build(Change(kind, obj, namespace_key(obj), digest=digest)))
+            if etype in ("ADDED", "MODIFIED", "DELETED"):
+                batch.extend(builder.build(c) for c in _changes(detector, state, str(etype), obj))
                 if len(batch) >= 500:
                     await sink.publish(batch)
                     published += len(batch)
@@ -157,34 +196,55 @@ async def _replay_watch(
     return published
 
 
+def _changes(
+    detector: ChangeDetector, state: dict[str, RawObject], etype: str, obj: RawObject
+) -> list[Change]:
+    key = namespace_key(obj)
+    if etype == "DELETED":
+        state.pop(key, None)
+        return detector.on_delete(obj)
+    previous = state.get(key)
+    state[key] = obj
+    if previous is None:
+        return detector.on_add(obj)
+    return detector.on_update(previous, obj)
+
+
+async def _load_checkpoint(settings: Settings, rid: str, err: TextIO) -> Checkpoint | None:
+    """The running bridge's checkpoint, read without creating or changing anything."""
+    kind = settings.checkpoint.kind
+    if kind == "memory":
+        err.write("checkpoint.kind is memory: no stored digests, every object counts as added\n")
+        return None
+    if kind == "sqlite" and not await asyncio.to_thread(Path(settings.checkpoint.path).exists):
+        err.write(
+            f"no checkpoint file at {settings.checkpoint.path}: every object counts as added\n"
+        )
+        return None
+    store = build_checkpoints(settings)
+    await store.open()
+    try:
+        checkpoint = await store.load(rid)
+    finally:
+        await store.close()
+    if checkpoint is None:
+        err.write(f"no checkpoint for {rid}: every object counts as added\n")
+    return checkpoint
+
+
 async def _replay_diff(
     settings: Settings,
     lw: ListWatch,
     info: ResourceInfo,
-    res: ResourceSettings,
-    namespace: str | None,
+    rid: str,
     builder: EventBuilder,
     detector: ChangeDetector,
     sink: Sink,
+    err: TextIO,
 ) -> int:
-    store = build_checkpoints(settings)
-    await store.open()
-    try:
-        checkpoint = await store.load(resource_id(info, namespace, res))
-    finally:
-        await store.close()
+    checkpoint = await _load_checkpoint(settings, rid, err)
     digests = dict(checkpoint.digests) if checkpoint else {}
-    items: list[RawObject] = []
-    token: str | None = None
-    while True:
-        page = await lw.list(ListOptions(limit=500, continue_token=token))
-        for item in page.get("items") or []:
-            item.setdefault("apiVersion", info.api_version)
-            item.setdefault("kind", info.kind)
-            items.append(item)
-        token = (page.get("metadata") or {}).get("continue") or None
-        if not token:
-            break
+    items, _ = await _list_all(lw, ListOptions(limit=500))
     changes: list[Change] = []
     for obj in items:
         changes.extend(detector.on_add(obj, digests.pop(namespace_key(obj), None)))

@@ -1,0 +1,383 @@
+"""``k8s-bridge replay`` and ``k8s-bridge tail`` as processes, against the emulator and real buses.
+
+Replay within history is read back from JetStream. JetStream drops a message
+whose ``Nats-Msg-Id`` it saw within the stream's duplicate window, which is
+exactly what lets consumers recognise a replayed event; to see the replayed
+copies on the stream at all, the test creates the stream with a 1 s window
+and replays after it has passed. The copies then sit next to the originals
+and their ids can be compared one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from cloudevents.v1.http import from_json
+
+from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.emulator import Emulator
+from bridge.events import Event, EventBuilder
+from bridge.sinks.kafka import KafkaSink
+from bridge.sinks.nats import NatsSink
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    changes,
+    jetstream_events,
+    until,
+    write_config,
+)
+from tests.fixtures.nats import NatsServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+DUPLICATE_WINDOW = 1.0
+
+
+def pod(name: str, ns: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def widget(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"size": 1},
+    }
+
+
+async def cli(*args: str, timeout: float = 30.0) -> tuple[int, str, str]:
+    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bridge.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"k8s-bridge {' '.join(args)} did not end in {timeout}s") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def checkpoint_rows(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The watermarks and digests tables, read independently of the bridge's store."""
+    con = sqlite3.connect(db)
+    try:
+        marks = con.execute("select * from watermarks order by 1").fetchall()
+        digests = con.execute("select * from digests order by 1, 2").fetchall()
+        return marks, digests
+    finally:
+        con.close()
+
+
+def pod_watermark(db: Path) -> int:
+    marks, _ = checkpoint_rows(db)
+    return next((int(rv) for rid, rv in marks if rid == "core/v1/pods" and rv), 0)
+
+
+@pytest.fixture
+def config(tmp_path: Path, kubeconfig: Path, nats_control: NatsServer) -> Path:
+    return write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+    )
+
+
+async def create_stream(url: str, duplicate_window: float) -> None:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(
+            name="K8S", subjects=["k8s.>"], duplicate_window=duplicate_window
+        )
+    finally:
+        await nc.close()
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+async def test_replay_within_history_republishes_the_same_events_with_the_same_ids(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    await create_stream(nats_control.url, DUPLICATE_WINDOW)
+    emulator.create(pod("a"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        emulator.create(pod("b"))
+        emulator.patch("v1", "Pod", "a", {"spec": {"nodeName": "n1"}}, namespace="default")
+        # Only an ignored field: the bridge published nothing, so replay must not either.
+        emulator.patch(
+            "v1", "Pod", "a", {"status": {"conditions": [{"type": "Ready"}]}}, namespace="default"
+        )
+        emulator.create(widget("w1"))  # another resource: not replayed with --resource Pod
+        emulator.delete("v1", "Pod", "b", namespace="default")
+
+        async def all_published() -> bool:
+            return len(await jetstream_events(nats_control.url)) >= 5
+
+        await until(all_published, 20, bridge.tail_log)
+        await asyncio.sleep(0.3)
+    finally:
+        assert await bridge.stop() == 0
+    first = await jetstream_events(nats_control.url)
+    after_mid = [e for e in first if e["type"].startswith("io.k8s.core.v1.Pod.")][1:]
+    assert changes(after_mid) == [
+        ("Pod", "added", "default/b"),
+        ("Pod", "modified", "default/a"),
+        ("Pod", "deleted", "default/b"),
+    ]
+    await asyncio.sleep(DUPLICATE_WINDOW + 0.2)  # past the window: the copies are kept
+
+    started = time.monotonic()
+    rc, _, err = await cli(
+        "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", str(mid)
+    )
+    took = time.monotonic() - started
+    assert rc == 0, err
+    assert f"replayed 3 change(s) of pods after resourceVersion {mid}" in err
+    replayed = (await jetstream_events(nats_control.url))[len(first) :]
+    assert [e["id"] for e in replayed] == [e["id"] for e in after_mid]
+    assert [e["_msg_id"] for e in replayed] == [e["id"] for e in after_mid]
+    assert [e["_subject"] for e in replayed] == [e["_subject"] for e in after_mid]
+    for old, new in zip(after_mid, replayed, strict=True):
+        assert new["data"] == old["data"]
+        assert new["resourceversion"] == old["resourceversion"]
+        from_json(new["_raw"])
+    print(f"replay of 3 changes within history: {took:.2f}s (process start included)")
+
+
+async def test_replay_within_the_duplicate_window_is_dropped_by_jetstream(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """What makes the ids worth keeping: a consumer (here JetStream) recognises each copy."""
+    emulator.create(pod("a"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        emulator.create(pod("b"))
+        emulator.delete("v1", "Pod", "a", namespace="default")
+
+        async def published() -> bool:
+            return len(await jetstream_events(nats_control.url)) >= 3
+
+        await until(published, 20, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0
+    rc, _, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "v1/Pod",
+        "--from-resource-version",
+        str(mid),
+    )
+    assert rc == 0, err
+    assert "replayed 2 change(s)" in err
+    assert len(await jetstream_events(nats_control.url)) == 3
+
+
+async def test_replay_after_compaction_publishes_the_checkpoint_diff_and_leaves_it_alone(
+    config: Path, emulator: Emulator, nats_control: NatsServer, tmp_path: Path
+) -> None:
+    db = tmp_path / "state.db"
+    for name in ("keep", "change", "gone"):
+        emulator.create(pod(name))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        await until(lambda: pod_watermark(db) >= mid, 20, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0
+    first = await jetstream_events(nats_control.url)
+    assert len(first) == 3
+    # While nothing runs: a change, a delete, an add, and an ignored-field change.
+    emulator.patch("v1", "Pod", "change", {"spec": {"nodeName": "n1"}}, namespace="default")
+    emulator.delete("v1", "Pod", "gone", namespace="default")
+    emulator.create(pod("new"))
+    emulator.patch(
+        "v1", "Pod", "keep", {"status": {"conditions": [{"type": "Ready"}]}}, namespace="default"
+    )
+    emulator.chaos.compact()
+    before = checkpoint_rows(db)
+
+    rc, _, err = await cli(
+        "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", str(mid)
+    )
+    assert rc == 0, err
+    gone_lines = [line for line in err.splitlines() if "no longer available" in line]
+    assert len(gone_lines) == 1, err
+    assert f"resourceVersion {mid} of pods" in gone_lines[0]
+    assert "difference" in gone_lines[0] and "checkpoint" in gone_lines[0]
+    assert "published 3 change(s) of pods from a relist diff" in err
+    diff = (await jetstream_events(nats_control.url))[3:]
+    assert sorted(changes(diff)) == [
+        ("Pod", "added", "default/new"),
+        ("Pod", "deleted", "default/gone"),
+        ("Pod", "modified", "default/change"),
+    ]
+    tomb = next(e for e in diff if e["subject"] == "default/gone")
+    assert tomb["data"]["tombstone"] is True
+    assert tomb["data"]["object"]["metadata"]["uid"] == next(
+        e["data"]["object"]["metadata"]["uid"] for e in first if e["subject"] == "default/gone"
+    )
+    # Replay never writes the checkpoint: the running bridge owns it.
+    assert checkpoint_rows(db) == before
+
+
+async def test_replay_of_an_unconfigured_resource_exits_2_naming_it_and_the_configured(
+    config: Path,
+) -> None:
+    rc, out, err = await cli(
+        "replay", "--config", str(config), "--resource", "Gadget", "--from-resource-version", "5"
+    )
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "'Gadget'" in lines[0]
+    assert "v1/Pod, v1/Secret, example.com/v1/Widget" in lines[0]
+
+
+async def test_replay_from_a_resource_version_that_is_not_one_exits_2(config: Path) -> None:
+    rc, _, err = await cli(
+        "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", "0"
+    )
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "--from-resource-version '0'" in err
+
+
+# -- tail ----------------------------------------------------------------------------
+
+
+def sample_events(cluster: str = "e2e") -> list[Event]:
+    detector = ChangeDetector(Fingerprinter([]))
+    pods = EventBuilder(cluster=cluster, group="", version="v1", kind="Pod", plural="pods")
+    widgets = EventBuilder(
+        cluster=cluster, group="example.com", version="v1", kind="Widget", plural="widgets"
+    )
+    out: list[Event] = []
+    for i in range(3):
+        p = pod(f"p{i}")
+        p["metadata"].update(uid=f"uid-p{i}", resourceVersion=str(10 + i))
+        out.extend(pods.build(c) for c in detector.on_add(p))
+    for i in range(2):
+        w = widget(f"w{i}")
+        w["metadata"].update(uid=f"uid-w{i}", resourceVersion=str(20 + i))
+        out.extend(widgets.build(c) for c in detector.on_add(w))
+    return out
+
+
+def parsed(out: str) -> list[dict[str, Any]]:
+    lines = out.splitlines()
+    for line in lines:
+        from_json(line)  # each line is a CloudEvent the SDK accepts
+    return [orjson.loads(line) for line in lines]
+
+
+async def test_tail_prints_cloudevents_from_nats(config: Path, nats_control: NatsServer) -> None:
+    events = sample_events()
+    sink = NatsSink(nats_control.url)
+    await sink.start()
+    try:
+        await sink.publish(events)
+    finally:
+        await sink.close()
+
+    rc, out, err = await cli("tail", "--config", str(config), "--count", "4", "--from-start")
+    assert rc == 0, err
+    assert [e["id"] for e in parsed(out)] == [e.id for e in events[:4]]
+
+    rc, out, err = await cli(
+        "tail", "--config", str(config), "--resource", "Widget", "--from-start", "--timeout", "1"
+    )
+    assert rc == 0, err
+    assert [e["subject"] for e in parsed(out)] == ["default/w0", "default/w1"]
+
+
+async def test_tail_timeout_ends_an_idle_tail_with_exit_0(
+    config: Path, nats_control: NatsServer
+) -> None:
+    await create_stream(nats_control.url, 120.0)
+    started = time.monotonic()
+    rc, out, err = await cli("tail", "--config", str(config), "--timeout", "1")
+    took = time.monotonic() - started
+    assert rc == 0, err
+    assert out == ""
+    assert took < 15
+
+
+async def test_tail_of_a_stream_that_does_not_exist_says_so_in_one_line(config: Path) -> None:
+    rc, out, err = await cli("tail", "--config", str(config), "--timeout", "1")
+    assert rc == 1
+    assert out == ""
+    assert err.strip().splitlines() == [
+        f"k8s-bridge tail: NATS stream 'K8S' not found at {config_nats_url(config)}"
+        " (nothing published yet?)"
+    ]
+
+
+def config_nats_url(config: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load(config.read_text())["sink"]["nats"]["servers"][0])
+
+
+async def test_tail_prints_cloudevents_from_kafka(
+    tmp_path: Path, kubeconfig: Path, kafka_broker: str
+) -> None:
+    topic = f"tail-{uuid.uuid4().hex[:8]}"
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={"kind": "kafka", "kafka": {"bootstrapServers": [kafka_broker], "topic": topic}},
+    )
+    events = sample_events()
+    sink = KafkaSink(kafka_broker, topic=topic, enable_idempotence=False)
+    await sink.start()
+    try:
+        await sink.publish(events)
+    finally:
+        await sink.close()
+
+    rc, out, err = await cli("tail", "--config", str(config), "--count", "5", "--from-start")
+    assert rc == 0, err
+    # One partition per object key: the order is per object, so compare as sets.
+    assert sorted(e["id"] for e in parsed(out)) == sorted(e.id for e in events)
+
+    rc, out, err = await cli(
+        "tail", "--config", str(config), "--resource", "Widget", "--from-start", "--timeout", "3"
+    )
+    assert rc == 0, err
+    assert sorted(e["subject"] for e in parsed(out)) == ["default/w0", "default/w1"]
