@@ -216,7 +216,8 @@ async def consume(
         source = _kafka_messages(settings, from_start)
     else:
         raise SinkUnavailableError(f"cannot read events back from sink.kind {kind!r}")
-    dedupe = dedupe or Deduplicator()
+    if dedupe is None:
+        dedupe = Deduplicator()
     async with contextlib.aclosing(source) as messages:
         async for raw in messages:
             try:
