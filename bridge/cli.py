@@ -155,9 +155,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_tail(args: argparse.Namespace) -> int:
     from bridge.consumer import tail
+    from bridge.logging import configure_logging
     from bridge.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
+    # Logs go to stderr: stdout carries only the events.
+    configure_logging(settings.logging.format, settings.logging.level)
 
     async def main(stop: asyncio.Event) -> int:
         return await tail(
