@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,20 +117,21 @@ class JetStreamPublisher:
         if entry is None:
             return  # a late ack of a batch that already gave up
         batch, index = entry
+        data = msg.data
         error: str | None = None
         if msg.headers and msg.headers.get("Status") == "503":
             error = "no responders: no stream stores this subject"
-        elif msg.data:
-            try:
-                ack: dict[str, Any] = orjson.loads(msg.data)
-            except orjson.JSONDecodeError:
-                error = f"unreadable PubAck {msg.data[:80]!r}"
-            else:
-                err = ack.get("error")
-                if err:
-                    error = f"{err.get('code')}/{err.get('err_code')}: {err.get('description')}"
-        else:
+        elif not data:
             error = "empty PubAck"
+        elif b'"error"' in data:
+            # A plain PubAck ({"stream":..,"seq":..}) needs no parsing: only errors do.
+            try:
+                ack: dict[str, Any] = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                error = f"unreadable PubAck {data[:80]!r}"
+            else:
+                err = ack.get("error") or {}
+                error = f"{err.get('code')}/{err.get('err_code')}: {err.get('description')}"
         if error is None:
             batch.acked[index] = True
         else:
@@ -149,24 +151,36 @@ class JetStreamPublisher:
         batch = _Batch(remaining=len(messages), acked=[False] * len(messages))
         if not messages:
             return batch
-        nc = self._nc
         pending = self._pending
         prefix = self._inbox + "."
         tokens: list[int] = []
+        total = len(messages)
+        index = 0
+        max_payload = self._nc.max_payload
         try:
-            for index, (subject, payload, headers) in enumerate(messages):
-                if batch.transport_error:
-                    break
-                if len(pending) >= self._max_in_flight:
+            while index < total and batch.transport_error is None:
+                room = self._max_in_flight - len(pending)
+                if room <= 0:
                     self._window_open.clear()
                     await asyncio.wait_for(self._window_open.wait(), self._ack_timeout)
-                    if batch.transport_error:
-                        break
-                self._seq += 1
-                token = self._seq
-                pending[token] = (batch, index)
-                tokens.append(token)
-                await nc.publish(subject, payload, reply=prefix + str(token), headers=headers)
+                    continue
+                # Everything the window allows goes out as one write: the
+                # protocol frames are built here, queued together and flushed once.
+                end = min(total, index + room)
+                frames: list[bytes] = []
+                for i in range(index, end):
+                    subject, payload, headers = messages[i]
+                    if len(payload) > max_payload:
+                        raise nats.errors.MaxPayloadError(
+                            f"message {i} is {len(payload)} bytes; the server takes {max_payload}"
+                        )
+                    self._seq += 1
+                    token = self._seq
+                    pending[token] = (batch, i)
+                    tokens.append(token)
+                    frames.append(_frame(subject, prefix + str(token), payload, headers))
+                index = end
+                await self._send(frames)
             if batch.transport_error is None:
                 await asyncio.wait_for(batch.done.wait(), self._ack_timeout)
         except TimeoutError as exc:
@@ -183,6 +197,54 @@ class JetStreamPublisher:
         if batch.transport_error is not None:
             raise PublishTimeout(batch.transport_error, batch)
         return batch
+
+    async def _send(self, frames: list[bytes]) -> None:
+        """Queue ready-made PUB/HPUB frames on the connection and flush them at once.
+
+        nats-py offers no batch publish: ``publish`` re-encodes headers and
+        queues one frame per await. Its outgoing queue (``_pending``, flushed by
+        its flusher task, buffered while reconnecting) is where each of those
+        frames ends up, so the frames go there directly, with the same checks.
+        """
+        nc = self._nc
+        if nc.is_closed:
+            raise nats.errors.ConnectionClosedError
+        size = sum(map(len, frames))
+        if not nc.is_connected and (
+            nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size
+        ):
+            raise nats.errors.OutboundBufferLimitError
+        nc._pending.extend(frames)
+        nc._pending_data_size += size
+        nc.stats["out_msgs"] += len(frames)
+        nc.stats["out_bytes"] += size
+        # As nats-py's own publish: one kick of the flusher covers whatever is queued.
+        if nc._flush_queue is not None and nc._flush_queue.empty():
+            await nc._flush_pending()
+
+
+_CRLF = b"\r\n"
+_HEADER_LINE = b"NATS/1.0\r\n"
+_NOT_IN_SUBJECT = re.compile(r"[\s]")
+_NOT_IN_HEADER = re.compile(r"[\r\n]")
+
+
+def _frame(subject: str, reply: str, payload: bytes, headers: dict[str, str] | None) -> bytes:
+    """One NATS protocol frame: ``PUB`` or, with headers, ``HPUB`` (NATS/1.0 header block)."""
+    if not subject or _NOT_IN_SUBJECT.search(subject):
+        raise nats.errors.BadSubjectError(f"invalid subject {subject!r}")
+    if not headers:
+        head = f"PUB {subject} {reply} {len(payload)}\r\n".encode()
+        return b"".join((head, payload, _CRLF))
+    parts = [_HEADER_LINE]
+    for key, value in headers.items():
+        if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:
+            raise nats.errors.BadHeaderError(key)
+        parts.append(f"{key}: {_NOT_IN_HEADER.sub(' ', value.strip())}\r\n".encode())
+    parts.append(_CRLF)
+    block = b"".join(parts)
+    head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(payload)}\r\n".encode()
+    return b"".join((head, block, payload, _CRLF))
 
 
 def _tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
