@@ -215,3 +215,49 @@ async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsSe
             await asyncio.wait_for(task, 15)
     finally:
         await sink.close()
+
+
+async def test_batches_larger_than_the_window_land_whole_and_in_order(
+    nats_server: str, client: Client
+) -> None:
+    """A batch goes out one window at a time (frames queued together, one flush each)."""
+    stream, cluster = unique_stream()
+    sink = NatsSink([nats_server], stream=stream, subjects=[f"k8s.{cluster}.>"], max_in_flight=7)
+    await sink.start()
+    try:
+        events = make_events(100, cluster=cluster, names=3)
+        await sink.publish(events)
+    finally:
+        await sink.close()
+    msgs = await stream_messages(client, stream)
+    assert [m.headers[MSG_ID] for m in msgs] == [e.id for e in events]
+    assert [m.data for m in msgs] == [e.to_json() for e in events]
+
+
+async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
+    nats_server: str, client: Client
+) -> None:
+    """The publisher's own frames: headers (values kept to one line) and header-less messages."""
+    from bridge.sinks.nats import JetStreamPublisher
+
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
+    publisher = JetStreamPublisher(client)
+    await publisher.start()
+    try:
+        batch = await publisher.publish(
+            [
+                (f"raw.{cluster}.a", b"one\r\ntwo", {"X-A": "v1", MSG_ID: "id\r\n1"}),
+                (f"raw.{cluster}.b", b"", None),
+                (f"raw.{cluster}.c", b"\x00\xff", {"X-B": " spaced "}),
+            ]
+        )
+    finally:
+        await publisher.stop()
+    assert batch.acked == [True, True, True] and not batch.errors
+    msgs = await stream_messages(client, stream)
+    assert [m.data or b"" for m in msgs] == [b"one\r\ntwo", b"", b"\x00\xff"]
+    assert msgs[0].headers == {"X-A": "v1", MSG_ID: "id  1"}
+    assert not msgs[1].headers
+    assert msgs[2].headers == {"X-B": "spaced"}
