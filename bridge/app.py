@@ -123,6 +123,21 @@ def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings
     return rid
 
 
+def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
+    """The event builder of one resource; replay uses the same, so its events equal the originals."""
+    return EventBuilder(
+        cluster=settings.cluster.name,
+        group=info.group,
+        version=info.version,
+        kind=info.kind,
+        plural=info.plural,
+        redact_secrets=res.redact_secrets,
+        mask_paths=res.mask_paths,
+        include_old=res.include_old,
+        patch=res.patch,
+    )
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -251,17 +266,7 @@ class BridgeApp:
                     label_selector=res.label_selector,
                     field_selector=res.field_selector,
                 )
-                builder = EventBuilder(
-                    cluster=s.cluster.name,
-                    group=info.group,
-                    version=info.version,
-                    kind=info.kind,
-                    plural=info.plural,
-                    redact_secrets=res.redact_secrets,
-                    mask_paths=res.mask_paths,
-                    include_old=res.include_old,
-                    patch=res.patch,
-                )
+                builder = event_builder(s, res, info)
                 label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
                 pipelines.append(
                     ResourcePipeline(

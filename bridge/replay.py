@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from bridge.app import build_checkpoints, build_sink, resource_id
+from bridge.app import build_checkpoints, build_sink, event_builder, resource_id
 from bridge.changes import Change, ChangeDetector, Fingerprinter, object_from_digest
 from bridge.checkpoints.base import Checkpoint
 from bridge.errors import ConfigError, ExpiredError, status_error
@@ -94,7 +94,7 @@ async def replay(
             label_selector=res.label_selector,
             field_selector=res.field_selector,
         )
-        builder = _builder(settings, res, info)
+        builder = event_builder(settings, res, info)
         detector = ChangeDetector(Fingerprinter(res.ignore_fields))
         await sink.start()
         try:
@@ -114,21 +114,6 @@ async def replay(
         with contextlib.suppress(Exception):
             await sink.close()
         await client.close()
-
-
-def _builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
-    # The same options as the running bridge: a replayed event carries the same data.
-    return EventBuilder(
-        cluster=settings.cluster.name,
-        group=info.group,
-        version=info.version,
-        kind=info.kind,
-        plural=info.plural,
-        redact_secrets=res.redact_secrets,
-        mask_paths=res.mask_paths,
-        include_old=res.include_old,
-        patch=res.patch,
-    )
 
 
 async def _list_all(lw: ListWatch, options: ListOptions) -> tuple[list[RawObject], str]:
