@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,6 +50,9 @@ class PipelineSettings:
     # A checkpoint that has not advanced for this long while events wait makes
     # the bridge not-ready.
     stall_after: float = 120.0
+    # On shutdown, how long to keep trying to publish what was processed. Giving
+    # up loses nothing: the checkpoint stays behind and a restart replays it.
+    shutdown_timeout: float = 10.0
     slim: bool = True
     fifo: Literal["real", "delta"] = "real"
     max_queued: int | None = 1000
@@ -101,6 +104,8 @@ class ResourcePipeline:
         self._resumed = False
         self._handler_depth = 0
         self._flush_lock = asyncio.Lock()
+        # The full batch whose acks are awaited while the next one is built.
+        self._in_flight: asyncio.Task[None] | None = None
         self._full_old = builder.include_old or builder.patch
         self.informer: SharedInformer | None = None
         self.stats = PipelineStats(last_commit=clock())
@@ -189,16 +194,39 @@ class ResourcePipeline:
             for task in done:
                 task.result()
         finally:
+            deadline = asyncio.get_running_loop().time() + self.settings.shutdown_timeout
             # Everything processed so far may still advance the watermark...
-            with contextlib.suppress(Exception):
-                if self._idle():
-                    await asyncio.shield(self._flush())
+            if self._idle():
+                await self._within(self._flush(), deadline)
             for task in (informer_task, flusher):
                 task.cancel()
             await asyncio.gather(informer_task, flusher, return_exceptions=True)
             # ...but after the informer was interrupted nothing proves it idle:
             # publish the rest and keep the watermark where it was.
-            await asyncio.shield(self._flush(advance=False))
+            if not await self._within(self._flush(advance=False), deadline):
+                log.warning(
+                    "gave up publishing at shutdown; the next start replays from the checkpoint",
+                    resource=self.label,
+                    pending=len(self._pending),
+                )
+
+    async def _within(self, flush: Coroutine[Any, Any, None], deadline: float) -> bool:
+        """Run a shutdown flush until ``deadline``; on time-out abandon it (and the batch in flight)."""
+        task = asyncio.ensure_future(flush)
+        timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            for pending in (task, self._in_flight):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pending
+            return False
+        except Exception as e:
+            log.warning("flush failed at shutdown", resource=self.label, error=str(e))
+            return False
+        return True
 
     async def _flush_loop(self) -> None:
         while True:
@@ -249,12 +277,24 @@ class ResourcePipeline:
                     self._upserts[change.key] = change.digest
                     self._deletes.discard(change.key)
             if len(self._pending) >= self.settings.flush_events:
-                # Backpressure: the informer waits here while the sink catches up.
-                await self._flush()
+                await self._flush_in_background()
         finally:
             self._handler_depth -= 1
 
     # -- publishing and checkpointing ----------------------------------------
+
+    async def _flush_in_background(self) -> None:
+        """Hand a full batch to the sink and go on building the next one meanwhile.
+
+        Backpressure: with a batch already awaiting its acks, the informer waits
+        here for it, so at most two batches (one in flight, one being built) are
+        held in memory. Flushes are serialised by the lock, so batches reach the
+        bus in order.
+        """
+        previous = self._in_flight
+        if previous is not None:
+            await previous  # re-raises a failure other than an unreachable bus
+        self._in_flight = asyncio.create_task(self._flush(), name=f"flush:{self.label}")
 
     async def flush(self) -> None:
         """Publish what is pending and checkpoint it (tests and shutdown)."""

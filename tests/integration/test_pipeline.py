@@ -32,6 +32,7 @@ FAST = PipelineSettings(
     flush_events=50,
     retry_initial=0.05,
     retry_cap=0.2,
+    shutdown_timeout=0.5,
     reflector=ReflectorSettings(backoff_initial=0.05, backoff_cap=0.2),
 )
 
@@ -262,3 +263,26 @@ async def test_delete_and_recreate_while_down_is_delete_then_add(
     assert [e.type.rsplit(".", 1)[-1] for e in tail] == ["deleted", "added"]
     assert tail[0].id.startswith(old_uid + ":")
     assert not tail[1].id.startswith(old_uid + ":")
+
+
+async def test_shutdown_with_the_bus_down_gives_up_in_time_and_keeps_the_checkpoint(
+    harness: Harness, emulator: Emulator
+) -> None:
+    emulator.create(pod("first"))
+    p = await harness.pipeline()
+    task = asyncio.create_task(p.run())
+    await wait_for(lambda: p.has_synced())
+    await harness.settled(p)
+    committed = p.committed_resource_version
+    harness.sink.available = False
+    emulator.create(pod("second"))
+    await asyncio.sleep(0.2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert loop.time() - started < FAST.shutdown_timeout + 2
+    cp = await harness.checkpoints.load("core/v1/pods")
+    assert cp is not None and cp.resource_version == committed
+    assert "default/second" not in cp.digests
