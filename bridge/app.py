@@ -37,6 +37,7 @@ from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
+from bridge.observer import PipelineObserver
 from bridge.pipeline import PipelineSettings, ResourcePipeline
 from bridge.settings import ResourceSettings, Settings, resources_for_shard
 from bridge.sinks.base import Sink
@@ -336,6 +337,11 @@ class BridgeApp:
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         if lost is not None:
             waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
+        waiters.append(
+            asyncio.create_task(
+                PipelineObserver(self.pipelines, self.metrics).run(), name="observer"
+            )
+        )
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))

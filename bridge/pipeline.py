@@ -328,7 +328,6 @@ class ResourcePipeline:
             self.stats.last_commit = self._clock()
             if self._metrics is not None:
                 self._metrics.set_checkpoint(self.label, watermark)
-                self._metrics.cache_objects.labels(resource=self.label).set(len(self._published))
 
     async def _publish(self, events: list[Event]) -> None:
         if not events:
