@@ -247,3 +247,39 @@ async def test_bus_down_then_back_loses_nothing_and_checkpoint_waits(
         ["default/one"] + [f"default/while-down-{i}" for i in range(5)]
     )
     assert len(subjects) == len(set(subjects))  # the duplicate window dropped any redelivery
+
+
+async def test_dropped_watches_lose_nothing_and_republish_nothing(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    emulator.create(pod("steady"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        for i in range(3):
+            await asyncio.sleep(1.2)  # each new watch lives past the short-watch window
+            emulator.chaos.drop_watches()
+            emulator.patch(
+                "v1", "Pod", "steady", {"spec": {"nodeName": f"n{i}"}}, namespace="default"
+            )
+
+        async def four() -> bool:
+            return len(await events_now(nats_control)) >= 4
+
+        await until(four, 20, bridge.tail_log)
+        await asyncio.sleep(0.5)
+        events = await events_now(nats_control)
+        metrics = await bridge.metrics()
+    finally:
+        assert await bridge.stop() == 0
+    assert (
+        changes(events)
+        == [("Pod", "added", "default/steady")] + [("Pod", "modified", "default/steady")] * 3
+    )
+    restarts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("k8s_bridge_watch_restarts_total{") and "pods" in line
+    ]
+    assert sum(restarts) >= 3, metrics
