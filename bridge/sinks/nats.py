@@ -324,6 +324,15 @@ class NatsSink:
         self._nc, self._publisher = nc, publisher
 
     async def _on_disconnect(self) -> None:
+        # nats-py would send the frames still queued once it reconnects. Some
+        # earlier frames may have died with the socket, so those queued ones
+        # would land ahead of the retries of the lost ones: per-subject order
+        # broken. Drop them; every unacknowledged batch is retried in order.
+        # (nats-py awaits this callback before it reconnects.)
+        nc = self._nc
+        if nc is not None:
+            nc._pending = []
+            nc._pending_data_size = 0
         if self._publisher is not None:
             self._publisher.fail_all(f"disconnected from NATS at {self.where}")
 
