@@ -19,7 +19,6 @@ import asyncio
 import multiprocessing
 import os
 import platform
-import re
 import socket
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from bench._support import cpu_model, update_benchmarks_md
 
 SECTION = "Watch decode"
 
@@ -309,17 +310,6 @@ def write_kubeconfig(path: Path, url: str) -> None:
     )
 
 
-def update_benchmarks_md(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"## {SECTION}\n\n{body.rstrip()}\n"
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text)
-
-
 async def _run(args: argparse.Namespace) -> dict[str, float]:
     payload = make_stream(args.events)
     avg = len(payload) / args.events
@@ -383,14 +373,7 @@ def main(argv: list[str]) -> int:
         import aiohttp as _aiohttp
         import kubernetes_asyncio
 
-        cpu = "unknown CPU"
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
+        cpu = cpu_model()
         body = f"""`python -m bench decode` — one watch stream of {args.events:,} pod MODIFIED events
 (~{r["bytes_per_event"]:.0f} bytes each, identical bytes for every reader), served by a local
 aiohttp server in its own process over loopback; events/s, best of {args.rounds} rounds
@@ -409,7 +392,7 @@ Python {platform.python_version()}, orjson {orjson.__version__}, aiohttp {_aioht
 kubernetes_asyncio {kubernetes_asyncio.__version__}, {platform.system()} {platform.release()}.
 Figures on a busy 2-core box vary by ±15% between runs; the ratios are steadier.
 """
-        update_benchmarks_md(Path(args.output), body)
+        update_benchmarks_md(Path(args.output), SECTION, body)
         print(f"  wrote section {SECTION!r} of {args.output}")
     return 0
 

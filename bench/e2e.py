@@ -30,10 +30,8 @@ import gc
 import os
 import platform
 import pstats
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +45,8 @@ import nats
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from bench._support import cpu_model, free_port, process, update_benchmarks_md
 from bench.decode import make_pod
-from bench.sinks import _free_port, _wait_port
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.emulator import Emulator
@@ -74,21 +72,6 @@ class BusResult:
     # e2e / ceiling of each round: both measured back to back on the same machine
     # state, so the pair's ratio is steadier than a ratio of two bests.
     ratios: dict[str, list[float]] = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], port: int) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_port(port)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _pod(i: int) -> dict[str, Any]:
@@ -391,7 +374,7 @@ async def _run(args: argparse.Namespace) -> list[BusResult]:
 
 @contextlib.contextmanager
 def _bus(bus: str, tmp: Path) -> Iterator[str | None]:
-    port = _free_port()
+    port = free_port()
     if bus == "nats":
         binary = shutil.which("nats-server")
         if binary is None:
@@ -400,7 +383,7 @@ def _bus(bus: str, tmp: Path) -> Iterator[str | None]:
             return
         store = tempfile.mkdtemp(prefix="nats-", dir=tmp)
         cmd = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store]
-        with _process(cmd, port):
+        with process(cmd, port):
             yield f"nats://127.0.0.1:{port}"
         return
     try:
@@ -414,30 +397,14 @@ def _bus(bus: str, tmp: Path) -> Iterator[str | None]:
     listen = f"tcp://127.0.0.1:{port}"
     cmd = [tansu, "broker", "--listener-url", listen, "--advertised-listener-url", listen]
     cmd += ["--storage-engine", "memory://tansu/"]
-    with _process(cmd, port):
+    with process(cmd, port):
         yield f"127.0.0.1:{port}"
-
-
-def update_benchmarks_md(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"## {SECTION}\n\n{body.rstrip()}\n"
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text)
 
 
 def _machine() -> str:
     from importlib.metadata import version
 
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     return (
         f"Machine: {cpu}, {os.cpu_count()} cores shared with other work while measuring,\n"
         f"Python {platform.python_version()}, orjson {orjson.__version__}, "
@@ -516,7 +483,7 @@ def main(argv: list[str]) -> int:
                 print(f"== top of {path} (cumulative)")
                 pstats.Stats(path).sort_stats("tottime").print_stats(25)
     if not args.no_write:
-        update_benchmarks_md(Path(args.output), render(results, args))
+        update_benchmarks_md(Path(args.output), SECTION, render(results, args))
         print(f"  wrote section {SECTION!r} of {args.output}")
     return 0
 

@@ -15,54 +15,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
 from aiokafka import AIOKafkaProducer
 
+from bench._support import free_port, process
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.events import Event, EventBuilder
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import MSG_ID, NatsSink
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"port {port} did not open")
-
-
-@contextmanager
-def _process(cmd: list[str], port: int) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_port(port)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def make_events(n: int) -> list[Event]:
@@ -183,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if nats_bin is None:
         print("NATS: skipped (nats-server not on PATH)")
     else:
-        port = _free_port()
+        port = free_port()
         with tempfile.TemporaryDirectory() as store:
             cmd = [nats_bin, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store]
-            with _process(cmd, port):
+            with process(cmd, port):
                 sink, raw = asyncio.run(
                     bench_nats(f"nats://127.0.0.1:{port}", events, args.batch, args.rounds)
                 )
@@ -200,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"Kafka: skipped (no Tansu broker: {exc})")
         return 0
-    port = _free_port()
+    port = free_port()
     listen = f"tcp://127.0.0.1:{port}"
     cmd = [tansu, "broker", "--listener-url", listen, "--advertised-listener-url", listen]
     cmd += ["--storage-engine", "memory://tansu/"]
-    with _process(cmd, port):
+    with process(cmd, port):
         sink, raw = asyncio.run(bench_kafka(f"127.0.0.1:{port}", events, args.batch, args.rounds))
     print(f"Kafka KafkaSink.publish (acked)  {sink:>10,.0f} events/s")
     print(f"Kafka aiokafka send, no wait     {raw:>10,.0f} events/s   ratio {sink / raw:.2f}")
