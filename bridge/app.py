@@ -182,10 +182,8 @@ class BridgeApp:
             reasons.append(f"api: {self._api_error}")
         if not self._sink_started:
             reasons.append(f"sink {self.settings.sink.kind}: not connected")
-        if self.settings.leader_election.enabled and not self.leading:
-            # A standby replica is healthy and ready to take over: not a failure.
-            pass
-        elif not self.pipelines and self.leading:
+        # A standby replica (not leading) runs no pipelines and is ready to take over.
+        if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
         for p in self.pipelines:
             if not p.has_synced():

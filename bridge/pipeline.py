@@ -111,7 +111,6 @@ class ResourcePipeline:
         self.stats = PipelineStats(last_commit=clock())
         self.sink_healthy = True
         self.checkpoint_healthy = True
-        self.started = asyncio.Event()
 
     # -- state ------------------------------------------------------------------
 
@@ -143,7 +142,6 @@ class ResourcePipeline:
         checkpoint = await self._checkpoints.load(self.resource_id)
         self.informer = self._build_informer(checkpoint)
         self.informer.add_event_handler(self)
-        self.started.set()
 
     def _build_informer(self, checkpoint: Checkpoint | None) -> SharedInformer:
         initial_objects: list[RawObject] | None = None
@@ -296,10 +294,6 @@ class ResourcePipeline:
             await previous  # re-raises a failure other than an unreachable bus
         self._in_flight = asyncio.create_task(self._flush(), name=f"flush:{self.label}")
 
-    async def flush(self) -> None:
-        """Publish what is pending and checkpoint it (tests and shutdown)."""
-        await self._flush()
-
     async def _flush(self, *, advance: bool = True) -> None:
         async with self._flush_lock:
             informer = self.informer
@@ -381,15 +375,3 @@ class ResourcePipeline:
                 continue
             self.checkpoint_healthy = True
             return
-
-
-def describe(pipeline: ResourcePipeline) -> dict[str, Any]:
-    """A small status record for logs and the demo's summary."""
-    return {
-        "resource": pipeline.label,
-        "listed": pipeline.stats.listed,
-        "published": pipeline.stats.published,
-        "suppressed": pipeline.stats.suppressed,
-        "resourceVersion": pipeline.committed_resource_version,
-        "synced": pipeline.has_synced(),
-    }
