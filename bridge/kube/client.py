@@ -190,45 +190,31 @@ class KubeClient:
         timeout: aiohttp.ClientTimeout,
         accept: str = "application/json",
     ) -> aiohttp.ClientResponse:
-        headers = await self._headers(accept)
-        if content_type and body is not None:
-            headers["Content-Type"] = content_type
-        url = self.host + path
-        try:
-            resp = await self._session.request(
-                method,
-                url,
-                params=_query(params),
-                data=body,
-                headers=headers,
-                timeout=timeout,
-                proxy=self._proxy,
-                server_hostname=self._server_hostname,
-            )
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
+        async def send() -> aiohttp.ClientResponse:
+            headers = await self._headers(accept)
+            if content_type and body is not None:
+                headers["Content-Type"] = content_type
+            try:
+                return await self._session.request(
+                    method,
+                    self.host + path,
+                    params=_query(params),
+                    data=body,
+                    headers=headers,
+                    timeout=timeout,
+                    proxy=self._proxy,
+                    server_hostname=self._server_hostname,
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
+
+        resp = await send()
         if resp.status == 401 and self._loader is not None:
             # An exec plugin's token may have been revoked before its stated expiry.
             resp.release()
-            if await self._refresh_exec_token():
-                headers = await self._headers(accept)
-                if content_type and body is not None:
-                    headers["Content-Type"] = content_type
-                try:
-                    resp = await self._session.request(
-                        method,
-                        url,
-                        params=_query(params),
-                        data=body,
-                        headers=headers,
-                        timeout=timeout,
-                        proxy=self._proxy,
-                        server_hostname=self._server_hostname,
-                    )
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                    raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
-            else:
+            if not await self._refresh_exec_token():
                 raise UnauthorizedError(f"{method} {path}: Unauthorized", code=401)
+            resp = await send()
         return resp
 
     async def request_json(
