@@ -292,7 +292,7 @@ async def bench_bus(
         sink = NatsSink([address])
     else:
         sink = KafkaSink([address], topic=f"bench-e2e-{round_}", enable_idempotence=False)
-    settings = PipelineSettings(flush_interval=args.flush_interval, flush_events=args.flush_events)
+    settings = PipelineSettings(flush_interval=args.flush_interval, max_batch=args.max_batch)
     profiler = cProfile.Profile() if args.profile and bus in args.profile_bus else None
     if profiler is not None:
         profiler.enable()
@@ -430,7 +430,7 @@ def render(results: list[BusResult], args: argparse.Namespace) -> str:
 each) in the project's emulator, in the benchmark's process. *e2e*: a
 `ResourcePipeline` (emulator over HTTP → informer → change detection →
 CloudEvents → the real sink → SQLite checkpoint; default pipeline settings,
-flush every {args.flush_events} events or {args.flush_interval} s) from start until its
+batches of at most {args.max_batch} events, checkpoint every {args.flush_interval} s) from start until its
 checkpoint is committed at the emulator's resourceVersion with every event
 acknowledged (JetStream PubAck with `Nats-Msg-Id` dedup / Kafka acks=all);
 then {args.objects:,} label changes applied to the emulator at once, until checkpointed
@@ -459,7 +459,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--bus", default="nats,kafka", help="comma-separated: nats, kafka")
-    parser.add_argument("--flush-events", type=int, default=PipelineSettings().flush_events)
+    parser.add_argument("--max-batch", type=int, default=PipelineSettings().max_batch)
     parser.add_argument("--flush-interval", type=float, default=PipelineSettings().flush_interval)
     parser.add_argument("--profile", default="", help="cProfile the e2e runs into FILE.<bus>")
     parser.add_argument("--profile-bus", default="nats,kafka")

@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,7 +26,7 @@ from bridge.errors import (
     ConfigError,
     KubeConnectionError,
     ServerError,
-    SinkError,
+    SinkUnavailableError,
     TooManyRequestsError,
 )
 from bridge.events import EventBuilder
@@ -80,6 +80,7 @@ def build_sink(settings: Settings) -> Sink:
             compression=k.compression,
             linger_ms=k.linger_ms,
             max_batch_size=k.max_batch_size,
+            max_request_size=k.max_request_size,
             security_protocol=k.security_protocol,
             sasl_mechanism=k.sasl_mechanism,
             sasl_username=k.sasl_username,
@@ -105,8 +106,16 @@ def build_checkpoints(settings: Settings) -> CheckpointStore:
     if kind == "nats-kv":
         from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 
+        # The bucket lives on the sink's NATS: the same credentials and TLS reach it.
+        n = settings.sink.nats
         return NatsKvCheckpointStore(
-            servers=settings.sink.nats.servers, bucket=settings.checkpoint.bucket
+            servers=n.servers,
+            bucket=settings.checkpoint.bucket,
+            credentials=n.credentials,
+            nkey_seed=n.nkey_seed,
+            tls_ca=n.tls.ca if n.tls else None,
+            tls_cert=n.tls.cert if n.tls else None,
+            tls_key=n.tls.key if n.tls else None,
         )
     raise ConfigError(
         f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv"
@@ -192,6 +201,8 @@ class BridgeApp:
                 reasons.append(f"{p.label}: sink unreachable, publishing paused")
             if not p.checkpoint_healthy:
                 reasons.append(f"{p.label}: checkpoint store failing")
+            if p.failed is not None:
+                reasons.append(f"{p.label}: stopped: {p.failed}")
             if p.stalled():
                 reasons.append(f"{p.label}: checkpoint stalled")
         ok = not reasons
@@ -247,9 +258,12 @@ class BridgeApp:
         )
         pipeline_settings = PipelineSettings(
             flush_interval=s.checkpoint.flush_interval,
-            flush_events=s.checkpoint.flush_events,
+            max_batch=s.sink.max_batch,
+            linger=s.sink.linger,
+            poison_policy=s.sink.poison_policy,
             slim=s.informer.slim,
             max_queued=s.informer.max_queued,
+            resync_period=s.informer.resync_period,
             reflector=reflector,
         )
         pipelines = []
@@ -275,7 +289,10 @@ class BridgeApp:
                         builder=builder,
                         sink=self.sink,
                         checkpoints=self.checkpoints,
-                        settings=pipeline_settings,
+                        settings=replace(
+                            pipeline_settings,
+                            poison_policy=res.poison_policy or s.sink.poison_policy,
+                        ),
                         metrics=self.metrics,
                         label=label,
                     )
@@ -290,7 +307,7 @@ class BridgeApp:
         while not stop.is_set():
             try:
                 await self.sink.start()
-            except SinkError as e:
+            except SinkUnavailableError as e:
                 log.warning(
                     "sink unreachable; retrying", sink=self.settings.sink.kind, error=str(e)
                 )

@@ -161,14 +161,28 @@ class Fingerprinter:
         return xxhash.xxh3_128_hexdigest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
 
 
+# Digest states, as stored in checkpoints (write-ahead, see bridge/outbox.py).
+CERTAIN = ""  # the event for this state was acknowledged by the bus
+UNCERTAIN = "u"  # an event for this state may have reached the bus; not acknowledged
+DELETING = "d"  # a delete of this uid may have reached the bus; not acknowledged
+
+
 @dataclass(frozen=True, slots=True)
 class Digest:
-    """What the bridge remembers of an object once its change is published."""
+    """What the bridge remembers of an object: its identity, version and fingerprint.
+
+    ``state`` says whether the bus acknowledged the event for it (``CERTAIN``)
+    or the event was only written ahead (``UNCERTAIN``, ``DELETING``).
+    ``prior`` lists uids (comma-separated) of earlier incarnations of the same
+    key whose delete events were written ahead but not acknowledged.
+    """
 
     key: str
     uid: str
     resource_version: str
     fingerprint: str
+    state: str = CERTAIN
+    prior: str = ""
 
 
 class ChangeKind(StrEnum):

@@ -13,7 +13,7 @@ import contextlib
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -46,10 +46,13 @@ class PrintingSink:
         if self.inner is not None:
             await self.inner.start()
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
+        refused: Mapping[int, str] = {}
         if self.inner is not None:
-            await self.inner.publish(events)
-        for e in events:
+            refused = await self.inner.publish(events)
+        for i, e in enumerate(events):
+            if i in refused:
+                continue
             change = e.type.rsplit(".", 1)[-1]
             kind = e.type.split(".")[-2]
             self.counts[f"{kind} {change}"] += 1
@@ -62,6 +65,7 @@ class PrintingSink:
                     f"{change.upper():9} {kind:11} {e.subject:40} rv={e.resource_version}{initial}{tomb}\n"
                 )
         self.out.flush()
+        return refused
 
     async def ping(self) -> bool:
         return True if self.inner is None else await self.inner.ping()

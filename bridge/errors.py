@@ -21,8 +21,9 @@ aiohttp, nats or aiokafka exception.
     │   │   └── TooLargeResourceVersionError  504 ResourceVersionTooLarge
     │   └── DiscoveryError          the API does not serve what was asked
     │       └── UnknownKindError    apiVersion+kind not served
-    ├── SinkError                   publishing to the bus failed
+    ├── SinkError                   publishing to the bus failed for good (auth, missing stream)
     │   └── SinkUnavailableError    the bus cannot be reached right now
+    ├── PoisonEventError            the bus refused one event for good and the policy is "fail"
     └── CheckpointError             the checkpoint store failed
 """
 
@@ -127,6 +128,10 @@ class SinkError(BridgeError):
 
 class SinkUnavailableError(SinkError):
     """The bus cannot be reached right now; retry later, do not advance checkpoints."""
+
+
+class PoisonEventError(BridgeError):
+    """The bus refused an event for good (too large, not permitted) under ``poisonPolicy: fail``."""
 
 
 class CheckpointError(BridgeError):

@@ -1,8 +1,11 @@
 """The event model and its CloudEvents 1.0 encoding (DESIGN.md §3).
 
-One ``Event`` per published change. Its ``id`` is deterministic
-(``{uid}:{resourceVersion}:{added|modified|deleted}``) so a redelivery carries
-the same id and the bus (NATS duplicate window) or the consumer can drop it.
+One ``Event`` per published change. Its ``id`` comes from the change alone,
+never from what the bridge remembers: ``{uid}:{resourceVersion}`` for an add
+or a modification, ``{uid}:deleted`` for a delete (a uid is deleted once,
+whether the delete was seen by a watch or inferred from a relist). So two
+replicas, or a restart, give the same change the same id, and the bus (NATS
+duplicate window) or the consumer can drop a redelivery.
 
 NATS subject tokens: a token may not contain ``.``, ``*``, ``>`` or whitespace,
 and Kubernetes names and API groups do contain dots (``kube-root-ca.crt``,
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -102,6 +105,34 @@ class Event:
         """Structured-mode CloudEvents 1.0 JSON."""
         return orjson.dumps(self.to_dict())
 
+    def truncated(self) -> Event:
+        """The same event (same id) with ``data.object`` cut to its identifying
+        metadata and ``data.truncated: true``: what a bus that refuses the whole
+        event (too large) still takes."""
+        obj = self.data.get("object") or {}
+        md = obj.get("metadata") or {}
+        kept = {k: md[k] for k in _TRUNCATED_METADATA if k in md}
+        cut = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
+        data: dict[str, Any] = {"object": cut, "truncated": True}
+        if self.data.get("tombstone"):
+            data["tombstone"] = True
+        return replace(self, data=data)
+
+
+# What a truncated event keeps of the metadata: identity and the small fields
+# consumers route on, never annotations (they are what makes objects large).
+_TRUNCATED_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+    "ownerReferences",
+)
+
 
 def _masked(value: Any) -> Any:
     return REDACTED
@@ -165,11 +196,13 @@ class EventBuilder:
         # nats_token("") is "_": the namespace token of a cluster-scoped object.
         return subject, self._subject_prefix + nats_token(namespace) + "." + nats_token(name)
 
-    def build(self, change: Change) -> Event:
+    def build(self, change: Change, *, resource_version: str | None = None) -> Event:
+        """The event of ``change``. ``resource_version`` overrides the object's for
+        the id: a republished uncertain event keeps the id it was written ahead with."""
         obj = change.object
         m = meta(obj)
         uid = str(m.get("uid", ""))
-        rv = str(m.get("resourceVersion", ""))
+        rv = resource_version or str(m.get("resourceVersion", ""))
         kind = change.kind.value
         subject, nats_subject = self._subject_of(obj)
         public = self.redact(obj)
@@ -195,7 +228,7 @@ class EventBuilder:
                     data["patch"] = jsonpatch.make_patch(before, public).patch
                 self._last[change.key] = public
         return Event(
-            id=f"{uid}:{rv}:{kind}",
+            id=f"{uid}:deleted" if change.kind is ChangeKind.DELETED else f"{uid}:{rv}",
             type=self._type_prefix + kind,
             source=self.source,
             subject=subject,

@@ -1,13 +1,23 @@
-"""One resource end to end: informer → change detection → events → sink → checkpoint.
+"""One resource end to end: informer → change detection → outbox → sink, checkpoint behind.
 
-The order of operations is the guarantee. Events are handed to the sink in
-the order the informer saw them (per object, resourceVersion order); the
-checkpoint (watermark + digests) is written only after the sink acknowledged
-every event up to it; and the watermark moves only when the informer is idle,
-i.e. every event up to the reflector's last resourceVersion was processed and
-is in the batch being published. After a crash the bridge therefore resumes
-at or before the last published change: anything replayed is recognised by
-its digest (not republished) or, for deletes, carries the same event id.
+The synchronous ``Outbox`` (bridge/outbox.py) owns what was decided and how
+far the bus has taken it; this module is its async driver, four tasks:
+
+- the **informer** calls the handlers below, which decide events at once (no
+  await between the cache update and the decision) and then wait for room
+  when too much is unacknowledged, which is how a slow bus slows the watch;
+- the **writer** takes a batch as soon as events are decided (a linger of a
+  millisecond or two at most), writes its rows ahead to the checkpoint store,
+  and hands it on;
+- the **sender** publishes batches in order, one at a time, retrying only
+  while the bus is unavailable; events the bus refuses for good go through the
+  poison policy and never block the events behind them;
+- the **checkpointer** commits the watermark and the digests that became
+  certain, on its own cadence.
+
+After a crash the checkpoint knows every key whose event may have reached the
+bus (``load``): those keys are uncertain, a delete is published if the object
+is gone, an unchanged object is republished with the same id.
 """
 
 from __future__ import annotations
@@ -15,11 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from bridge.aiotasks import cancel_and_wait, run_group
 from bridge.changes import (
+    CERTAIN,
+    DELETING,
     FINGERPRINT_FIELD,
     Change,
     ChangeDetector,
@@ -27,35 +41,47 @@ from bridge.changes import (
     Digest,
     object_from_digest,
 )
-from bridge.checkpoints.base import Checkpoint, CheckpointStore
-from bridge.errors import CheckpointError, SinkError
+from bridge.checkpoints.base import CheckpointStore
+from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
+from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
 from bridge.kube.protocols import ListerWatcher
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
+from bridge.outbox import Batch, Outbox
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
 
+PoisonPolicy = Literal["truncate", "skip", "fail"]
+
 
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
+    # How often the checkpoint (watermark + certain digests) is committed.
     flush_interval: float = 1.0
-    flush_events: int = 500
+    # At most this many events per publish; a batch is whatever was decided
+    # while the previous one was being written ahead and published.
+    max_batch: int = 500
+    # How long the writer waits for more events before taking a batch.
+    linger: float = 0.001
+    # Decided but unacknowledged events beyond this make the informer wait.
+    max_pending: int = 4096
     retry_initial: float = 0.5
     retry_cap: float = 30.0
-    # A checkpoint that has not advanced for this long while events wait makes
-    # the bridge not-ready.
+    # Events waiting while nothing is acknowledged for this long: not-ready.
     stall_after: float = 120.0
-    # On shutdown, how long to keep trying to publish what was processed. Giving
-    # up loses nothing: the checkpoint stays behind and a restart replays it.
+    # On shutdown, how long to keep trying to publish what was decided. Giving
+    # up loses nothing: those events were written ahead, a restart resolves them.
     shutdown_timeout: float = 10.0
+    poison_policy: PoisonPolicy = "truncate"
     slim: bool = True
     fifo: Literal["real", "delta"] = "real"
     max_queued: int | None = 1000
+    resync_period: float | None = None
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
 
 
@@ -66,6 +92,10 @@ class PipelineStats:
     listed: int = 0
     flushes: int = 0
     last_commit: float = field(default_factory=time.monotonic)
+    # Published events by type (added/modified/deleted), and poison outcomes:
+    # plain counters on the hot path, carried over to Prometheus by the observer.
+    by_type: Counter[str] = field(default_factory=Counter)
+    poison: Counter[str] = field(default_factory=Counter)
 
 
 class ResourcePipeline:
@@ -84,6 +114,7 @@ class ResourcePipeline:
         metrics: Metrics | None = None,
         label: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backoff: Callable[[], Backoff] | None = None,
     ) -> None:
         self.resource_id = resource_id
         self.label = label or resource_id
@@ -92,84 +123,128 @@ class ResourcePipeline:
         self._builder = builder
         self._sink = sink
         self._checkpoints = checkpoints
-        self.settings = settings or PipelineSettings()
+        self.settings = s = settings or PipelineSettings()
         self._metrics = metrics
         self._clock = clock
-        # The last published state per key: what the checkpoint will hold.
-        self._published: dict[str, Digest] = {}
-        self._pending: list[Event] = []
-        self._upserts: dict[str, Digest] = {}
-        self._deletes: set[str] = set()
-        self._committed_rv = ""
-        self._resumed = False
-        self._handler_depth = 0
-        self._flush_lock = asyncio.Lock()
-        # The full batch whose acks are awaited while the next one is built.
-        self._in_flight: asyncio.Task[None] | None = None
+        self._backoff = backoff or (
+            lambda: Backoff(initial=s.retry_initial, cap=s.retry_cap, jitter=0.2)
+        )
         self._full_old = builder.include_old or builder.patch
+        self._resumed = False
         self.informer: SharedInformer | None = None
+        self.outbox = Outbox(self._digest_of, clock=clock)
         self.stats = PipelineStats(last_commit=clock())
         self.sink_healthy = True
         self.checkpoint_healthy = True
+        # Why the pipeline stopped for good (poison policy "fail"), for readiness.
+        self.failed: str | None = None
+        self._decided = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._to_send: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+        # Deletes a previous run wrote ahead without an ack: (key, uid, event).
+        self._restart_deletes: list[tuple[str, str, Event]] = []
 
     # -- state ------------------------------------------------------------------
 
     @property
     def committed_resource_version(self) -> str:
-        return self._committed_rv
+        return self.outbox.committed_watermark
 
     def has_synced(self) -> bool:
         return self.informer is not None and self.informer.has_synced()
 
     def stalled(self) -> bool:
-        """Events wait and the checkpoint has not moved for ``stall_after`` seconds."""
-        waiting = bool(self._pending or self._upserts or self._deletes)
-        return waiting and self._clock() - self.stats.last_commit > self.settings.stall_after
+        """Events wait and the bus has acknowledged nothing for ``stall_after`` seconds."""
+        return self.outbox.stalled_for() > self.settings.stall_after
 
-    def _idle(self) -> bool:
+    def checkpoint_lag(self) -> float:
+        return self.outbox.lag()
+
+    def _digest_of(self, key: str) -> Digest | None:
+        """The cached state of ``key`` as a checkpoint digest (the cache is the one store)."""
         informer = self.informer
-        return (
-            informer is not None
-            and self._handler_depth == 0
-            and informer.fifo.is_idle()
-            and informer.has_synced()
-        )
+        obj = informer.store.get_by_key(key) if informer is not None else None
+        if obj is None:
+            return None
+        fp = obj.get(FINGERPRINT_FIELD)
+        if not isinstance(fp, str):
+            return self._detector.digest_of(obj)
+        m = meta(obj)
+        return Digest(key, str(m.get("uid", "")), str(m.get("resourceVersion", "")), fp)
 
-    # -- running ----------------------------------------------------------------
+    # -- start: resume from the checkpoint ---------------------------------------
 
     async def load(self) -> None:
         """Read the checkpoint and build the informer: resume where the last run stopped."""
         checkpoint = await self._checkpoints.load(self.resource_id)
-        self.informer = self._build_informer(checkpoint)
-        self.informer.add_event_handler(self)
-
-    def _build_informer(self, checkpoint: Checkpoint | None) -> SharedInformer:
-        initial_objects: list[RawObject] | None = None
-        initial_rv: str | None = None
+        records: list[RawObject] | None = None
+        watermark: str | None = None
         if checkpoint is not None:
             self._resumed = True
-            self._published = dict(checkpoint.digests)
-            self._committed_rv = checkpoint.resource_version
-            initial_objects = [self._record_of(d) for d in checkpoint.digests.values()]
-            # No watermark yet (the first list never completed): relist and diff.
-            initial_rv = checkpoint.resource_version or None
+            watermark = checkpoint.resource_version or None
+            records = []
+            uncertain: list[Digest] = []
+            for d in checkpoint.digests.values():
+                for gone in filter(None, d.prior.split(",")):
+                    self._republish_delete(d, gone)
+                if d.state == DELETING:
+                    self._republish_delete(d, d.uid)
+                    continue
+                if d.state != CERTAIN:
+                    uncertain.append(d)
+                    # Cached with no resourceVersion: whatever the watch or a
+                    # relist says next about this key reaches the handler.
+                    records.append(self._record_of(Digest(d.key, d.uid, "", d.fingerprint)))
+                else:
+                    records.append(self._record_of(d))
+            self.outbox = Outbox(
+                self._digest_of, watermark=checkpoint.resource_version, clock=self._clock
+            )
+            self.outbox.restore_uncertain(uncertain)
+            for key, uid, event in self._restart_deletes:
+                self.outbox.decide(key, uid, event, None)
+            if self._restart_deletes:
+                self._decided.set()
+            if watermark is not None and not all(
+                _after(d.resource_version, watermark) for d in uncertain
+            ):
+                # The watch from the watermark would not replay every uncertain
+                # key: relist (and diff against the cache) instead.
+                watermark = None
             log.info(
                 "resuming from checkpoint",
                 resource=self.label,
                 resource_version=checkpoint.resource_version,
                 objects=len(checkpoint.digests),
+                uncertain=len(uncertain),
+                deletes_to_confirm=len(self._restart_deletes),
             )
-        slim = self._detector.fingerprinter.fingerprint
-        return SharedInformer(
+        s = self.settings
+        self.informer = SharedInformer(
             self._lw,
             name=self.label,
-            fifo=self.settings.fifo,
-            slim=slim if self.settings.slim and not self._full_old else None,
-            reflector_settings=self.settings.reflector,
-            initial_objects=initial_objects,
-            initial_resource_version=initial_rv,
-            max_queued=self.settings.max_queued,
+            fifo=s.fifo,
+            slim=self._detector.fingerprinter.fingerprint
+            if s.slim and not self._full_old
+            else None,
+            reflector_settings=s.reflector,
+            initial_objects=records,
+            initial_resource_version=watermark,
+            max_queued=s.max_queued,
+            drop_stale=True,
         )
+        self.informer.add_event_handler(self, resync_period=s.resync_period)
+
+    def _republish_delete(self, d: Digest, uid: str) -> None:
+        """A delete that was written ahead and may not have reached the bus: again, same id."""
+        gone = object_from_digest(
+            Digest(d.key, uid, d.resource_version if uid == d.uid else "", ""),
+            api_version=self._builder.api_version,
+            kind=self._builder.kind,
+        )
+        event = self._builder.build(Change(ChangeKind.DELETED, gone, d.key, tombstone=True))
+        self._restart_deletes.append((d.key, uid, event))
 
     def _record_of(self, digest: Digest) -> RawObject:
         record = object_from_digest(
@@ -178,163 +253,182 @@ class ResourcePipeline:
         record[FINGERPRINT_FIELD] = digest.fingerprint
         return record
 
+    # -- running ----------------------------------------------------------------
+
     async def run(self) -> None:
-        """Run until cancelled; on cancellation publish and checkpoint what was processed."""
+        """Run until cancelled; then publish what was decided and commit what was acknowledged."""
         if self.informer is None:
             await self.load()
         assert self.informer is not None
-        informer_task = asyncio.create_task(self.informer.run(), name=f"informer:{self.label}")
-        flusher = asyncio.create_task(self._flush_loop(), name=f"flusher:{self.label}")
+        informer = self.informer
+        delivery = asyncio.create_task(
+            run_group({"writer": self._writer(), "sender": self._sender()}, prefix=f"{self.label}:")
+        )
         try:
-            done, _ = await asyncio.wait(
-                {informer_task, flusher}, return_when=asyncio.FIRST_EXCEPTION
+            await run_group(
+                {
+                    "informer": informer.run(),
+                    "checkpointer": self._checkpointer(),
+                    "delivery": _watch(delivery),
+                },
+                prefix=f"{self.label}:",
             )
-            for task in done:
-                task.result()
+        except PoisonEventError as e:
+            self.failed = str(e)
+            log.error("resource stopped", resource=self.label, error=str(e))
+            await asyncio.Event().wait()  # stay stopped (not-ready) until cancelled
         finally:
-            deadline = asyncio.get_running_loop().time() + self.settings.shutdown_timeout
-            # Everything processed so far may still advance the watermark...
-            if self._idle():
-                await self._within(self._flush(), deadline)
-            for task in (informer_task, flusher):
-                task.cancel()
-            await asyncio.gather(informer_task, flusher, return_exceptions=True)
-            # ...but after the informer was interrupted nothing proves it idle:
-            # publish the rest and keep the watermark where it was.
-            if not await self._within(self._flush(advance=False), deadline):
-                log.warning(
-                    "gave up publishing at shutdown; the next start replays from the checkpoint",
-                    resource=self.label,
-                    pending=len(self._pending),
-                )
+            await self._shutdown(delivery)
 
-    async def _within(self, flush: Coroutine[Any, Any, None], deadline: float) -> bool:
-        """Run a shutdown flush until ``deadline``; on time-out abandon it (and the batch in flight)."""
-        task = asyncio.ensure_future(flush)
-        timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+    async def _shutdown(self, delivery: asyncio.Task[None]) -> None:
+        """Publish what was decided, within ``shutdown_timeout``; commit what was acknowledged."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            for pending in (task, self._in_flight):
-                if pending is not None and not pending.done():
-                    pending.cancel()
-                    with contextlib.suppress(BaseException):
-                        await pending
-            return False
-        except Exception as e:
-            log.warning("flush failed at shutdown", resource=self.label, error=str(e))
-            return False
-        return True
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.flush_interval)
-            await self._flush()
+            while self.outbox.unacknowledged and not delivery.done() and self.failed is None:
+                if loop.time() >= deadline:
+                    log.warning(
+                        "gave up publishing at shutdown; the next start resolves it",
+                        resource=self.label,
+                        unacknowledged=self.outbox.unacknowledged,
+                    )
+                    break
+                await asyncio.sleep(0.005)
+        finally:
+            await cancel_and_wait([delivery])
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._commit_once(), max(0.1, deadline - loop.time()))
 
     # -- the informer's handler -----------------------------------------------
 
     async def on_add(self, obj: RawObject, is_in_initial_list: bool) -> None:
-        key = namespace_key(obj)
-        initial = is_in_initial_list and not self._resumed
+        self._observe()
         if is_in_initial_list:
             self.stats.listed += 1
-        await self._emit(self._detector.on_add(obj, self._published.get(key), initial=initial))
+        key = namespace_key(obj)
+        uncertain = self.outbox.resolve(key)
+        if uncertain is not None:
+            self._decide(*self._confirm(uncertain, obj))
+        else:
+            initial = is_in_initial_list and not self._resumed
+            self._decide(self._detector.on_add(obj, None, initial=initial))
+        await self._wait_for_room()
 
     async def on_update(self, old: RawObject, new: RawObject) -> None:
-        key = namespace_key(new)
-        known = self._published.get(key)
-        if known is None:
-            changes = self._detector.on_add(new, None)
-        elif self._full_old and FINGERPRINT_FIELD not in old:
-            changes = self._detector.on_update(old, new)
+        self._observe()
+        uncertain = self.outbox.resolve(namespace_key(new))
+        if uncertain is not None:
+            self._decide(*self._confirm(uncertain, new))
         else:
-            changes = self._detector.on_update(known, new)
-        await self._emit(changes)
+            self._decide(self._detector.on_update(old, new))
+        await self._wait_for_room()
 
     async def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
-        await self._emit(self._detector.on_delete(obj))
+        self._observe()
+        self.outbox.resolve(namespace_key(obj))
+        self._decide(self._detector.on_delete(obj))
+        await self._wait_for_room()
 
-    async def _emit(self, changes: list[Change]) -> None:
+    def _confirm(self, uncertain: Digest, obj: RawObject) -> tuple[list[Change], str | None]:
+        """The first news of a key a previous run left uncertain (its event may be on the
+        bus): the changes to publish, and the resourceVersion their id keeps, if any."""
+        d = self._detector.digest_of(obj)
+        if d.uid != uncertain.uid:
+            gone = object_from_digest(
+                uncertain, api_version=self._builder.api_version, kind=self._builder.kind
+            )
+            return [
+                Change(ChangeKind.DELETED, gone, d.key, tombstone=True),
+                Change(ChangeKind.ADDED, obj, d.key, digest=d),
+            ], None
+        if d.fingerprint == uncertain.fingerprint:
+            # Unchanged: republish with the id it was written ahead with.
+            rv = uncertain.resource_version
+            digest = Digest(d.key, d.uid, rv, d.fingerprint)
+            return [Change(ChangeKind.MODIFIED, obj, d.key, digest=digest)], rv
+        return [Change(ChangeKind.MODIFIED, obj, d.key, digest=d)], None
+
+    def _decide(self, changes: list[Change], resource_version: str | None = None) -> None:
         if not changes:
             self.stats.suppressed += 1
-            if self._metrics is not None:
-                self._metrics.changes_suppressed.labels(
-                    resource=self.label, reason="unchanged"
-                ).inc()
             return
-        self._handler_depth += 1
-        try:
-            for change in changes:
-                self._pending.append(self._builder.build(change))
-                if change.kind is ChangeKind.DELETED:
-                    self._published.pop(change.key, None)
-                    self._upserts.pop(change.key, None)
-                    self._deletes.add(change.key)
-                elif change.digest is not None:
-                    self._published[change.key] = change.digest
-                    self._upserts[change.key] = change.digest
-                    self._deletes.discard(change.key)
-            if len(self._pending) >= self.settings.flush_events:
-                await self._flush_in_background()
-        finally:
-            self._handler_depth -= 1
+        outbox, build = self.outbox, self._builder.build
+        for change in changes:
+            event = build(change, resource_version=resource_version)
+            uid = str(meta(change.object).get("uid", ""))
+            outbox.decide(change.key, uid, event, change.digest)
+        self._decided.set()
 
-    # -- publishing and checkpointing ----------------------------------------
+    async def _wait_for_room(self) -> None:
+        while self.outbox.unacknowledged >= self.settings.max_pending:
+            self._room.clear()
+            await self._room.wait()
 
-    async def _flush_in_background(self) -> None:
-        """Hand a full batch to the sink and go on building the next one meanwhile.
-
-        Backpressure: with a batch already awaiting its acks, the informer waits
-        here for it, so at most two batches (one in flight, one being built) are
-        held in memory. Flushes are serialised by the lock, so batches reach the
-        bus in order.
-        """
-        previous = self._in_flight
-        if previous is not None:
-            await previous  # re-raises a failure other than an unreachable bus
-        self._in_flight = asyncio.create_task(self._flush(), name=f"flush:{self.label}")
-
-    async def _flush(self, *, advance: bool = True) -> None:
-        async with self._flush_lock:
-            informer = self.informer
-            watermark = self._committed_rv
-            if advance and informer is not None and self._idle():
-                watermark = informer.last_sync_resource_version or watermark
-            events, upserts, deletes = self._pending, self._upserts, self._deletes
-            if not events and not upserts and not deletes and watermark == self._committed_rv:
-                self.stats.last_commit = self._clock()
-                return
-            self._pending, self._upserts, self._deletes = [], {}, set()
-            try:
-                await self._publish(events)
-                await self._commit(watermark, upserts, deletes)
-            except BaseException:
-                # Not acknowledged (or not stored): keep it for the next flush, in order.
-                self._pending[:0] = events
-                # Anything newer (already pending) for the same key wins.
-                for k, d in upserts.items():
-                    if k not in self._upserts and k not in self._deletes:
-                        self._upserts[k] = d
-                self._deletes |= {k for k in deletes if k not in self._upserts}
-                raise
-            self._committed_rv = watermark
-            self.stats.flushes += 1
-            self.stats.last_commit = self._clock()
-            if self._metrics is not None:
-                self._metrics.set_checkpoint(self.label, watermark)
-
-    async def _publish(self, events: list[Event]) -> None:
-        if not events:
+    def _observe(self) -> None:
+        """Tie the reflector's position to the informer's progress (watermark candidates)."""
+        informer = self.informer
+        reflector = informer.reflector if informer is not None else None
+        if informer is None or reflector is None:
             return
-        delay = self.settings.retry_initial
+        fifo = informer.fifo
+        if fifo.in_order:
+            self.outbox.observe(fifo.queued_total, reflector.last_sync_resource_version)
+            self.outbox.progress(fifo.processed_total)
+        elif fifo.is_idle():
+            # A FIFO that regroups per key proves nothing until it drains.
+            self.outbox.observe(0, reflector.last_sync_resource_version)
+            self.outbox.progress(0)
+
+    # -- writing ahead and publishing -------------------------------------------
+
+    async def _writer(self) -> None:
+        s = self.settings
+        backoff = self._backoff()
+        while True:
+            if not self.outbox.queued:
+                self._decided.clear()
+                await self._decided.wait()
+                if s.linger and self.outbox.queued < s.max_batch:
+                    await asyncio.sleep(s.linger)
+            batch = self.outbox.take(s.max_batch)
+            if batch is None:
+                continue
+            while True:
+                try:
+                    await self._checkpoints.commit(self.resource_id, None, batch.ahead, ())
+                except CheckpointError as e:
+                    self.checkpoint_healthy = False
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "write-ahead failed; will retry",
+                        resource=self.label,
+                        error=str(e),
+                        retry_in=round(delay, 2),
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                break
+            self.checkpoint_healthy = True
+            backoff.reset()
+            await self._to_send.put(batch)
+
+    async def _sender(self) -> None:
+        while True:
+            batch = await self._to_send.get()
+            await self._publish(batch)
+            self.outbox.acknowledged(batch)
+            self._room.set()
+
+    async def _send(self, events: list[Event]) -> dict[int, str]:
+        """Publish until the bus answers; only "bus unavailable" is retried."""
+        backoff = self._backoff()
         while True:
             started = time.perf_counter()
-            if self._metrics is not None:
-                self._metrics.sink_in_flight.inc(len(events))
             try:
-                await self._sink.publish(events)
-            except SinkError as e:
+                refused = await self._sink.publish(events)
+            except SinkUnavailableError as e:
                 self.sink_healthy = False
+                delay = backoff.next_delay()
                 log.warning(
                     "publish failed; will retry",
                     resource=self.label,
@@ -343,35 +437,108 @@ class ResourcePipeline:
                     retry_in=round(delay, 2),
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.retry_cap)
                 continue
-            finally:
-                if self._metrics is not None:
-                    self._metrics.sink_in_flight.dec(len(events))
-            break
-        self.sink_healthy = True
-        self.stats.published += len(events)
-        if self._metrics is not None:
-            self._metrics.publish_latency.labels(sink=type(self._sink).__name__).observe(
-                time.perf_counter() - started
-            )
-            for event in events:
-                self._metrics.events_published.labels(
-                    resource=self.label, type=event.type.rsplit(".", 1)[-1]
-                ).inc()
-
-    async def _commit(self, watermark: str, upserts: dict[str, Digest], deletes: set[str]) -> None:
-        delay = self.settings.retry_initial
-        while True:
-            try:
-                await self._checkpoints.commit(
-                    self.resource_id, watermark, upserts.values(), deletes
+            self.sink_healthy = True
+            if self._metrics is not None:
+                self._metrics.publish_latency.labels(sink=type(self._sink).__name__).observe(
+                    time.perf_counter() - started
                 )
+            return dict(refused or {})
+
+    async def _publish(self, batch: Batch) -> None:
+        events = batch.events
+        refused = await self._send(events)
+        stats = self.stats
+        for i, event in enumerate(events):
+            if i not in refused:
+                stats.published += 1
+                stats.by_type[event.type.rsplit(".", 1)[-1]] += 1
+        if refused:
+            await self._settle_refused(batch, refused)
+
+    async def _settle_refused(self, batch: Batch, refused: dict[int, str]) -> None:
+        """The poison policy for events the bus refused for good; nothing waits behind them."""
+        entries = batch.entries
+        for i in sorted(refused):
+            entry, reason = entries[i], refused[i]
+            event = entry.event
+            policy = self.settings.poison_policy
+            later = any(
+                e.key == entry.key for j, e in enumerate(entries) if j > i and j not in refused
+            )
+            if policy == "fail":
+                outcome = "failed"
+            elif later:
+                outcome = "superseded"  # a later event of the same object is on the bus
+            elif policy == "truncate":
+                again = await self._send([event.truncated()])
+                if again:
+                    outcome, reason = "skipped", f"{reason}; truncated: {again[0]}"
+                else:
+                    outcome = "truncated"
+                    self.stats.published += 1
+                    self.stats.by_type[event.type.rsplit(".", 1)[-1]] += 1
+            else:
+                outcome = "skipped"
+            self.stats.poison[outcome] += 1
+            log.warning(
+                "the bus refused an event for good",
+                resource=self.label,
+                subject=event.subject,
+                id=event.id,
+                reason=reason,
+                outcome=outcome,
+            )
+            if outcome == "failed":
+                raise PoisonEventError(
+                    f"{self.label}: the bus refused {event.subject} (event {event.id}) for good:"
+                    f" {reason}; poisonPolicy is fail, so this resource stopped"
+                )
+
+    # -- checkpointing ------------------------------------------------------------
+
+    async def _checkpointer(self) -> None:
+        backoff = self._backoff()
+        while True:
+            await asyncio.sleep(self.settings.flush_interval)
+            try:
+                await self._commit_once()
             except CheckpointError as e:
                 self.checkpoint_healthy = False
+                delay = backoff.next_delay()
                 log.warning("checkpoint failed; will retry", resource=self.label, error=str(e))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.retry_cap)
                 continue
             self.checkpoint_healthy = True
+            backoff.reset()
+
+    async def _commit_once(self) -> None:
+        self._observe()
+        commit = self.outbox.checkpoint()
+        if commit is None:
+            self.stats.last_commit = self._clock()
             return
+        try:
+            await self._checkpoints.commit(
+                self.resource_id, commit.watermark, commit.upserts, commit.deletes
+            )
+        except BaseException:
+            self.outbox.commit_failed(commit)
+            raise
+        self.outbox.committed(commit)
+        self.stats.flushes += 1
+        self.stats.last_commit = self._clock()
+        if self._metrics is not None:
+            self._metrics.set_checkpoint(self.label, commit.watermark)
+
+
+async def _watch(task: asyncio.Task[None]) -> None:
+    """Await a task started elsewhere (its failure ends the group; cancelling leaves it be)."""
+    await asyncio.shield(task)
+
+
+def _after(resource_version: str, watermark: str) -> bool:
+    try:
+        return int(resource_version) > int(watermark)
+    except ValueError:
+        return False

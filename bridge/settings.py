@@ -95,6 +95,11 @@ class ResourceSettings(_Section):
     patch: bool = Field(
         default=False, description="Include an RFC 6902 patch from the previous object"
     )
+    poison_policy: Literal["truncate", "skip", "fail"] | None = Field(
+        default=None,
+        description="What to do with an event the bus refuses for good (too large, not "
+        "permitted); omitted: sink.poisonPolicy",
+    )
 
     @property
     def group(self) -> str:
@@ -144,6 +149,12 @@ class KafkaSettings(_Section):
     compression: Literal["gzip", "snappy", "lz4", "zstd"] | None = None
     linger_ms: int = Field(default=5, ge=0)
     max_batch_size: int = Field(default=16384, gt=0)
+    max_request_size: int = Field(
+        default=1_048_576,
+        gt=0,
+        description="Largest request (record) the producer sends; larger events meet the "
+        "poison policy. Keep it at or below the broker's message.max.bytes",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
     sasl_username: str | None = None
@@ -167,6 +178,18 @@ class KafkaSettings(_Section):
 
 class SinkSettings(_Section):
     kind: Literal["nats", "kafka", "stdout"]
+    max_batch: int = Field(default=500, gt=0, description="At most this many events per publish")
+    linger: float = Field(
+        default=0.001,
+        ge=0,
+        le=0.05,
+        description="Seconds to wait for more events before publishing a batch",
+    )
+    poison_policy: Literal["truncate", "skip", "fail"] = Field(
+        default="truncate",
+        description="An event the bus refuses for good: truncate (publish it cut to its "
+        "metadata, same id), skip, or fail (stop that resource, not-ready)",
+    )
     nats: NatsSettings = Field(default_factory=NatsSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
@@ -178,13 +201,20 @@ class CheckpointSettings(_Section):
     kind: Literal["sqlite", "memory", "nats-kv"] = "sqlite"
     path: str = "./k8s-bridge-state.db"
     bucket: str = "k8s-bridge"
-    flush_interval: float = Field(default=1.0, gt=0)
-    flush_events: int = Field(default=500, gt=0)
+    flush_interval: float = Field(
+        default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
+    )
+    flush_events: int | None = Field(
+        default=None,
+        gt=0,
+        description="Deprecated and ignored: events publish at once; see sink.maxBatch",
+    )
 
 
 class InformerSettings(_Section):
     slim: bool = Field(
-        default=False, description="Keep only uid/resourceVersion/fingerprint per object"
+        default=True,
+        description="Keep only uid/resourceVersion/fingerprint per object (off: whole objects)",
     )
     page_size: int = Field(default=500, gt=0)
     watch_list: Literal["auto", "on", "off"] = "auto"

@@ -22,10 +22,16 @@ class Checkpoint:
 class CheckpointStore(Protocol):
     """Stores checkpoints per resource id (e.g. ``apps/v1/deployments``).
 
-    ``commit`` writes the watermark and the digest changes of one flush
-    together: after a crash the store holds either the flush or none of it (or,
+    ``commit`` writes the watermark and the digest changes of one step
+    together: after a crash the store holds either the step or none of it (or,
     where the backend cannot do that, never a watermark ahead of its digests).
     Deletes apply before upserts, so a key in both ends with its upserted digest.
+    A ``resource_version`` of None leaves the watermark as it is: that is how
+    the outbox writes ahead the digests of events it is about to publish.
+
+    ``load`` returns None only for a resource never committed at all; a
+    checkpoint with an empty watermark (the first list never completed) still
+    returns its digests.
     """
 
     async def open(self) -> None: ...
@@ -35,7 +41,7 @@ class CheckpointStore(Protocol):
     async def commit(
         self,
         resource_id: str,
-        resource_version: str,
+        resource_version: str | None,
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None: ...

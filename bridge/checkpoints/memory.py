@@ -26,7 +26,7 @@ class MemoryCheckpointStore:
     async def commit(
         self,
         resource_id: str,
-        resource_version: str,
+        resource_version: str | None,
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None:
@@ -40,6 +40,8 @@ class MemoryCheckpointStore:
             digests.pop(key, None)
         for d in upserts:
             digests[d.key] = d
+        if resource_version is None:
+            resource_version = current.resource_version if current else ""
         self._data[resource_id] = Checkpoint(resource_version, digests)
         self.commits += 1
 

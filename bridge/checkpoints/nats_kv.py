@@ -4,7 +4,9 @@ Layout, per resource id R (keys base64url-encoded, as KV keys allow only
 ``[-/_=.a-zA-Z0-9]`` and object names may hold ``:``):
 
     <R>.d.<key>   one value per object digest: JSON [uid, resourceVersion, fingerprint]
-    <R>.w         the watermark: the resourceVersion, written last
+                  or, written ahead of a publish, [uid, rv, fingerprint, state, prior]
+    <R>.w         the watermark: the resourceVersion as a JSON string, written last
+                  (JSON so an empty watermark is a value, not an empty message)
 
 Why not one value per resource: a large resource (100k objects) would exceed
 the server's max payload, and every flush would rewrite all of it. Why
@@ -36,9 +38,33 @@ from nats.js.kv import KeyValue
 from bridge.changes import Digest
 from bridge.checkpoints.base import Checkpoint
 from bridge.errors import CheckpointError, SinkError
-from bridge.sinks.nats import JetStreamPublisher, Outgoing, PublishTimeout, close_quietly, connect
+from bridge.sinks.nats import (
+    JetStreamPublisher,
+    Outgoing,
+    PublishTimeout,
+    close_quietly,
+    connect,
+    tls_context,
+)
 
 _DEL = {"KV-Operation": "DEL"}
+
+
+def _digest_value(d: Digest) -> bytes:
+    if d.state or d.prior:
+        return orjson.dumps([d.uid, d.resource_version, d.fingerprint, d.state, d.prior])
+    return orjson.dumps([d.uid, d.resource_version, d.fingerprint])
+
+
+def _watermark(value: bytes | None) -> str:
+    """The stored watermark: a JSON string; a bare one was written by older versions."""
+    if not value:
+        return ""
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value.decode()
+    return decoded if isinstance(decoded, str) else value.decode()
 
 
 def _enc(text: str) -> str:
@@ -61,6 +87,9 @@ class NatsKvCheckpointStore:
         ack_timeout: float = 10.0,
         credentials: str | None = None,
         nkey_seed: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.bucket = bucket
@@ -68,6 +97,7 @@ class NatsKvCheckpointStore:
         self.ack_timeout = ack_timeout
         self.credentials = credentials
         self.nkey_seed = nkey_seed
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca, tls_cert, tls_key
         self._prefix = f"$KV.{bucket}."
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
@@ -86,6 +116,7 @@ class NatsKvCheckpointStore:
                 connect_timeout=self.connect_timeout,
                 credentials=self.credentials,
                 nkey_seed=self.nkey_seed,
+                tls=tls_context(self.tls_ca, self.tls_cert, self.tls_key),
             )
         except SinkError as exc:
             raise CheckpointError(f"{self.where}: {exc}") from exc
@@ -111,13 +142,13 @@ class NatsKvCheckpointStore:
         kv, _ = self._parts()
         rid = _enc(resource_id)
         try:
+            watermark: str | None = None
             try:
                 entry = await kv.get(f"{rid}.w")
             except nats.js.errors.KeyNotFoundError:
-                return None
-            if entry.value is None:
-                return None
-            watermark = entry.value.decode()
+                pass
+            else:
+                watermark = _watermark(entry.value)
             digests: dict[str, Digest] = {}
             watcher = await kv.watch(f"{rid}.d.>", ignore_deletes=True)
             try:
@@ -128,18 +159,19 @@ class NatsKvCheckpointStore:
                     if item.value is None or item.operation is not None:
                         continue
                     key = _dec(item.key.rsplit(".", 1)[1])
-                    uid, rv, fp = orjson.loads(item.value)
-                    digests[key] = Digest(key, uid, rv, fp)
+                    digests[key] = Digest(key, *orjson.loads(item.value))
             finally:
                 await watcher.stop()
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise CheckpointError(f"{self.where}: cannot load {resource_id}: {exc!r}") from exc
-        return Checkpoint(watermark, digests)
+        if watermark is None and not digests:
+            return None
+        return Checkpoint(watermark or "", digests)
 
     async def commit(
         self,
         resource_id: str,
-        resource_version: str,
+        resource_version: str | None,
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None:
@@ -148,12 +180,14 @@ class NatsKvCheckpointStore:
         base = f"{self._prefix}{rid}.d."
         # Deletes before upserts (a delete and re-create in one flush keeps the new one).
         digests: list[Outgoing] = [(base + _enc(key), b"", _DEL) for key in deletes]
-        digests += [
-            (base + _enc(d.key), orjson.dumps([d.uid, d.resource_version, d.fingerprint]), None)
-            for d in upserts
-        ]
+        digests += [(base + _enc(d.key), _digest_value(d), None) for d in upserts]
+        batches = [digests]
+        if resource_version is not None:
+            batches.append([(f"{self._prefix}{rid}.w", orjson.dumps(resource_version), None)])
         try:
-            for batch in (digests, [(f"{self._prefix}{rid}.w", resource_version.encode(), None)]):
+            for batch in batches:
+                if not batch:
+                    continue
                 result = await publisher.publish(batch)
                 if result.errors:
                     first = min(result.errors)

@@ -1,12 +1,19 @@
-"""The default checkpoint store: one SQLite file, WAL mode, one transaction per flush.
+"""The default checkpoint store: one SQLite file, WAL mode, one transaction per commit.
 
 sqlite3 blocks, so every call runs in a worker thread (``asyncio.to_thread``);
 a lock keeps the single connection to one statement stream at a time.
+
+One process at a time: two bridges publishing from one checkpoint would each
+publish everything. ``open`` takes an exclusive ``flock`` on ``<path>.lock``
+(released by the kernel when the process dies, so a crash never leaves a
+stale lock); a second process fails at once, naming the holder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,9 +36,17 @@ CREATE TABLE IF NOT EXISTS digests (
     uid TEXT NOT NULL,
     resource_version TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT '',
+    prior TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (resource_id, key)
 ) WITHOUT ROWID;
 """
+
+# Columns added since the first schema; an older file gains them on open.
+_ADDED_COLUMNS = {
+    "state": "ALTER TABLE digests ADD COLUMN state TEXT NOT NULL DEFAULT ''",
+    "prior": "ALTER TABLE digests ADD COLUMN prior TEXT NOT NULL DEFAULT ''",
+}
 
 
 class SqliteCheckpointStore:
@@ -39,6 +54,7 @@ class SqliteCheckpointStore:
         self.path = str(path)
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._lock_fd: int | None = None
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
@@ -50,6 +66,27 @@ class SqliteCheckpointStore:
             except sqlite3.Error as exc:
                 raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
 
+    def _take_process_lock(self) -> None:
+        lock_path = f"{self.path}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise CheckpointError(
+                f"checkpoint store {self.path} is in use by another k8s-bridge process"
+                f" (pid {holder}); one checkpoint, one bridge"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _release_process_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the flock
+
     async def open(self) -> None:
         if self._conn is not None:
             return
@@ -57,6 +94,7 @@ class SqliteCheckpointStore:
         def _open() -> sqlite3.Connection:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                self._take_process_lock()
             # isolation_level=None: transactions are explicit (BEGIN/COMMIT) below.
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             try:
@@ -65,14 +103,20 @@ class SqliteCheckpointStore:
                 # loss can drop the last commits, which then replay as redeliveries.
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
+                have = {row[1] for row in conn.execute("PRAGMA table_info(digests)")}
+                for column, statement in _ADDED_COLUMNS.items():
+                    if column not in have:
+                        conn.execute(statement)
             except BaseException:
                 conn.close()
+                self._release_process_lock()
                 raise
             return conn
 
         try:
             self._conn = await asyncio.to_thread(_open)
         except (sqlite3.Error, OSError) as exc:
+            self._release_process_lock()
             raise CheckpointError(f"checkpoint store {self.path}: cannot open: {exc}") from exc
 
     async def load(self, resource_id: str) -> Checkpoint | None:
@@ -80,25 +124,30 @@ class SqliteCheckpointStore:
             row = conn.execute(
                 "SELECT resource_version FROM watermarks WHERE resource_id = ?", (resource_id,)
             ).fetchone()
-            if row is None:
-                return None
             rows = conn.execute(
-                "SELECT key, uid, resource_version, fingerprint FROM digests WHERE resource_id = ?",
+                "SELECT key, uid, resource_version, fingerprint, state, prior FROM digests"
+                " WHERE resource_id = ?",
                 (resource_id,),
             )
-            return Checkpoint(row[0], {r[0]: Digest(r[0], r[1], r[2], r[3]) for r in rows})
+            digests = {r[0]: Digest(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
+            if row is None and not digests:
+                return None
+            return Checkpoint(row[0] if row is not None else "", digests)
 
         return await self._run(_load)
 
     async def commit(
         self,
         resource_id: str,
-        resource_version: str,
+        resource_version: str | None,
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None:
         # Materialise on the loop's thread: the iterables may be views of live dicts.
-        up = [(resource_id, d.key, d.uid, d.resource_version, d.fingerprint) for d in upserts]
+        up = [
+            (resource_id, d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior)
+            for d in upserts
+        ]
         down = [(resource_id, key) for key in deletes]
 
         def _commit(conn: sqlite3.Connection) -> None:
@@ -109,15 +158,16 @@ class SqliteCheckpointStore:
                 if up:
                     conn.executemany(
                         "INSERT OR REPLACE INTO digests"
-                        " (resource_id, key, uid, resource_version, fingerprint)"
-                        " VALUES (?, ?, ?, ?, ?)",
+                        " (resource_id, key, uid, resource_version, fingerprint, state, prior)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         up,
                     )
-                conn.execute(
-                    "INSERT OR REPLACE INTO watermarks (resource_id, resource_version)"
-                    " VALUES (?, ?)",
-                    (resource_id, resource_version),
-                )
+                if resource_version is not None:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO watermarks (resource_id, resource_version)"
+                        " VALUES (?, ?)",
+                        (resource_id, resource_version),
+                    )
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -130,3 +180,4 @@ class SqliteCheckpointStore:
         if conn is not None:
             async with self._lock:
                 await asyncio.to_thread(conn.close)
+        self._release_process_lock()

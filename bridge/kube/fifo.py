@@ -124,6 +124,15 @@ class _FIFOBase:
         self._not_empty = _Waiters()
         self._has_room = _Waiters()
         self._synced_waiters = _Waiters()
+        # Items ever queued and ever processed. Where the FIFO keeps arrival
+        # order, "processed >= queued-at-some-moment" proves that everything
+        # queued up to that moment is done: how a consumer ties the reflector's
+        # resourceVersion to its own progress while the queue never drains.
+        self.queued_total = 0
+        self.processed_total = 0
+
+    # True where items pop in arrival order across keys (see ``queued_total``).
+    in_order = False
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -181,6 +190,7 @@ class _FIFOBase:
 
     def _processed(self) -> None:
         self._in_process -= 1
+        self.processed_total += 1
         if self._initial_population_count > 0:
             self._initial_population_count -= 1
             if self._initial_population_count == 0:
@@ -332,6 +342,8 @@ def _dedup_last_two(deltas: list[Delta]) -> None:
 class RealFIFO(_FIFOBase):
     """Strict arrival order across keys, one delta per pop."""
 
+    in_order = True
+
     def __init__(
         self,
         *,
@@ -425,4 +437,5 @@ class RealFIFO(_FIFOBase):
 
     def _append(self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown) -> None:
         self._items.append(Delta(delta_type, obj))
+        self.queued_total += 1
         self._not_empty.notify_all()

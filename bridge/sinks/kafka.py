@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiokafka.errors as kerrors
@@ -42,6 +42,13 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     kerrors.UnknownTopicOrPartitionError,
     TimeoutError,
     OSError,
+)
+
+# Refusals that are about the bridge, not about one record: a person must act.
+_FATAL: tuple[type[BaseException], ...] = (
+    kerrors.ClusterAuthorizationFailedError,
+    kerrors.SaslAuthenticationFailed,
+    kerrors.TransactionalIdAuthorizationFailed,
 )
 
 
@@ -93,6 +100,7 @@ class KafkaSink:
         state_table: bool = False,
         request_timeout_ms: int = 30_000,
         delivery_timeout: float = 60.0,
+        max_request_size: int = 1_048_576,
     ) -> None:
         self.bootstrap_servers = (
             [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -119,6 +127,7 @@ class KafkaSink:
             "max_batch_size": max_batch_size,
             "security_protocol": security_protocol,
             "request_timeout_ms": request_timeout_ms,
+            "max_request_size": max_request_size,
             "client_id": "k8s-bridge",
         }
         if sasl_mechanism:
@@ -149,7 +158,7 @@ class KafkaSink:
             if isinstance(exc, _UNAVAILABLE):
                 raise SinkUnavailableError(f"cannot reach Kafka at {self.where}: {exc!r}") from exc
             if isinstance(exc, kerrors.KafkaError):
-                raise SinkError(f"Kafka at {self.where}: {exc!r}") from exc
+                raise self._translate(exc) from exc
             raise
         self._producer = producer
 
@@ -162,40 +171,74 @@ class KafkaSink:
             topic = self._topics[cache_key] = self.topic.format(**event_coordinates(event))
         return topic
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         producer = self._producer
         if producer is None:
             raise SinkError("Kafka sink is not started")
         if not events:
-            return
-        futures: list[asyncio.Future[Any]] = []
+            return {}
+        refused: dict[int, str] = {}
+        futures: list[tuple[int, asyncio.Future[Any]]] = []
         try:
             async with asyncio.timeout(self.delivery_timeout):
-                for e in events:
-                    if self.state_table:
-                        value = None if e.deleted else orjson.dumps(e.data.get("object"))
-                        fut = await producer.send(
-                            self.topic_for(e), value, key=state_key(e), headers=e.headers
-                        )
-                    else:
-                        fut = await producer.send(
-                            self.topic_for(e), e.to_json(), key=e.key, headers=e.headers
-                        )
-                    futures.append(fut)
-                await asyncio.gather(*futures)
+                for i, e in enumerate(events):
+                    try:
+                        if self.state_table:
+                            value = None if e.deleted else orjson.dumps(e.data.get("object"))
+                            fut = await producer.send(
+                                self.topic_for(e), value, key=state_key(e), headers=e.headers
+                            )
+                        else:
+                            fut = await producer.send(
+                                self.topic_for(e), e.to_json(), key=e.key, headers=e.headers
+                            )
+                    except kerrors.MessageSizeTooLargeError as exc:
+                        # Known before sending (sink.kafka.maxRequestSize): refused, the rest go on.
+                        refused[i] = f"{exc} (sink.kafka.maxRequestSize)"
+                        continue
+                    futures.append((i, fut))
+                results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
         except _UNAVAILABLE as exc:
             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
         except kerrors.KafkaError as exc:
-            if getattr(exc, "retriable", False):
-                raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
-            raise SinkError(f"Kafka at {self.where} rejected a record: {exc!r}") from exc
+            raise self._translate(exc) from exc
         finally:
             # Futures still pending after a failure must not log "exception never retrieved".
-            for fut in futures:
+            for _, fut in futures:
                 if fut.done() and not fut.cancelled():
                     fut.exception()
                 elif not fut.done():
                     fut.cancel()
+        for (i, _), result in zip(futures, results, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            if isinstance(result, _UNAVAILABLE):
+                raise SinkUnavailableError(f"Kafka at {self.where}: {result!r}") from result
+            if not isinstance(result, kerrors.KafkaError):
+                raise result
+            error = self._translate(result)
+            if isinstance(error, SinkUnavailableError) or self._fatal(result):
+                raise error from result
+            refused[i] = f"Kafka refused the record: {result!r}"
+        return refused
+
+    def _idempotence_refused(self, exc: BaseException) -> bool:
+        # Brokers without the idempotent producer (some Kafka-protocol servers)
+        # answer its InitProducerId with an error the client cannot name.
+        return isinstance(exc, kerrors.UnknownError) and bool(self._options["enable_idempotence"])
+
+    def _fatal(self, exc: BaseException) -> bool:
+        return isinstance(exc, _FATAL) or self._idempotence_refused(exc)
+
+    def _translate(self, exc: kerrors.KafkaError) -> SinkError:
+        if self._idempotence_refused(exc):
+            return SinkError(
+                f"Kafka at {self.where} refused the idempotent producer ({exc!r});"
+                " set sink.kafka.enableIdempotence: false for this broker"
+            )
+        if getattr(exc, "retriable", False):
+            return SinkUnavailableError(f"Kafka at {self.where}: {exc!r}")
+        return SinkError(f"Kafka at {self.where} refused: {exc!r}")
 
     async def ping(self) -> bool:
         producer = self._producer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import Event
@@ -15,9 +15,19 @@ class MemorySink:
     ``available = False`` makes every publish raise ``SinkUnavailableError``;
     ``fail_next(n)`` fails only the next ``n`` publishes. A failed publish
     keeps nothing, as a real bus gives no guarantee about a failed batch.
+    ``max_payload`` (bytes) or ``refuse`` (event → reason or None) make it
+    refuse single events for good, as a real bus refuses an oversized one.
     """
 
-    def __init__(self, *, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        max_payload: int | None = None,
+        refuse: Callable[[Event], str | None] | None = None,
+    ) -> None:
+        self.max_payload = max_payload
+        self.refuse = refuse
         self.events: list[Event] = []
         self.batches: list[list[Event]] = []
         self.available = True
@@ -35,7 +45,7 @@ class MemorySink:
         self.started = True
         self.closed = False
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         if self.closed:
             raise SinkError("memory sink is closed")
         if self.delay:
@@ -45,9 +55,20 @@ class MemorySink:
         if self._failures > 0:
             self._failures -= 1
             raise self._error("memory sink told to fail")
-        batch = list(events)
+        refused: dict[int, str] = {}
+        batch = []
+        for i, event in enumerate(events):
+            reason = self.refuse(event) if self.refuse is not None else None
+            size = len(event.to_json()) if self.max_payload is not None else 0
+            if reason is None and self.max_payload is not None and size > self.max_payload:
+                reason = f"{size} bytes; the bus takes at most {self.max_payload}"
+            if reason is None:
+                batch.append(event)
+            else:
+                refused[i] = reason
         self.batches.append(batch)
         self.events.extend(batch)
+        return refused
 
     async def ping(self) -> bool:
         return self.available and not self.closed

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import re
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,11 @@ from bridge.events import Event
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+
+# What an HPUB's header block adds to a message besides the id itself
+# ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
+_HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
+_NO_STREAM = "no responders"
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]
 
@@ -247,7 +252,12 @@ def _frame(subject: str, reply: str, payload: bytes, headers: dict[str, str] | N
     return b"".join((head, block, payload, _CRLF))
 
 
-def _tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+def _transient(error: str) -> bool:
+    """A PubAck error that says "not now" rather than "never" (JetStream 5xx codes)."""
+    return error.startswith("5") and _NO_STREAM not in error
+
+
+def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not (ca or cert):
         return None
     ctx = ssl.create_default_context(cafile=ca)
@@ -307,7 +317,7 @@ class NatsSink:
                 connect_timeout=self.connect_timeout,
                 credentials=self.credentials,
                 nkey_seed=self.nkey_seed,
-                tls=_tls_context(self.tls_ca, self.tls_cert, self.tls_key),
+                tls=tls_context(self.tls_ca, self.tls_cert, self.tls_key),
                 on_disconnect=self._on_disconnect,
             )
         except SinkError:
@@ -368,58 +378,88 @@ class NatsSink:
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         if not events:
-            return
+            return {}
         nc, publisher = self._nc, self._publisher
         if nc is None or publisher is None:
             raise SinkError("NATS sink is not started")
+        # The server's max_payload (from its INFO) is known before sending: an
+        # event over it is refused here, and the rest of the batch goes on.
+        limit = nc.max_payload
+        refused: dict[int, str] = {}
         messages: list[Outgoing] = []
-        for e in events:
+        sent: list[int] = []
+        for i, e in enumerate(events):
             if not e.nats_subject:
                 raise SinkError(f"event {e.id} has no NATS subject")
-            messages.append((e.nats_subject, e.to_json(), {MSG_ID: e.id}))
-        # One batch at a time keeps per-subject order across concurrent callers.
-        async with self._lock:
-            await self._publish_with_retries(nc, publisher, messages)
+            payload = e.to_json()
+            size = len(payload) + len(e.id) + _HEADER_OVERHEAD
+            if size > limit:
+                refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
+                continue
+            messages.append((e.nats_subject, payload, {MSG_ID: e.id}))
+            sent.append(i)
+        if messages:
+            # One batch at a time keeps per-subject order across concurrent callers.
+            async with self._lock:
+                errors = await self._publish_with_retries(nc, publisher, messages)
+            for j, reason in errors.items():
+                refused[sent[j]] = reason
+        return refused
 
     async def _publish_with_retries(
         self, nc: Client, publisher: JetStreamPublisher, messages: list[Outgoing]
-    ) -> None:
-        start = 0
+    ) -> dict[int, str]:
+        """Publish ``messages`` in order; return the ones JetStream refused for good."""
+        start = 0  # messages before this one are settled: acknowledged or refused
+        refused: dict[int, str] = {}
         problem = ""
-        rejected = False
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.retry_backoff * attempt)
             if not nc.is_connected:
                 problem = f"not connected to NATS at {self.where}"
-                rejected = False
                 continue
             todo = messages[start:]
             try:
                 batch = await publisher.publish(todo)
+                settled = len(todo)
             except PublishTimeout as exc:
-                problem, rejected = str(exc), False
-                # Resend from the first message without an ack, in order.
-                start += exc.first_unacked
-                continue
+                problem = str(exc)
+                batch = exc.batch
+                # Resend from the first message with no answer, in order.
+                settled = next(
+                    (j for j, ok in enumerate(batch.acked) if not ok and j not in batch.errors),
+                    len(todo),
+                )
             except nats.errors.Error as exc:
-                problem, rejected = f"{type(exc).__name__}: {exc}", False
+                problem = f"{type(exc).__name__}: {exc}"
                 continue
-            if not batch.errors:
-                return
-            first = min(batch.errors)
-            problem = f"JetStream rejected {len(batch.errors)} message(s): {batch.errors[first]}"
-            rejected = True
-            if "no responders" in batch.errors[first] and self.create_stream:
+            transient = [j for j, err in batch.errors.items() if j < settled and _transient(err)]
+            if transient:
+                settled = min(transient)
+                problem = f"JetStream could not store a message: {batch.errors[settled]}"
+            missing = [j for j, err in batch.errors.items() if j < settled and _NO_STREAM in err]
+            if missing:
+                # No stream stores the subject (deleted meanwhile?): not this event's fault.
+                if not self.create_stream:
+                    raise SinkError(
+                        f"NATS stream {self.stream!r} does not store {todo[missing[0]][0]!r}"
+                        " and createStream is off"
+                    )
+                settled = min(missing)
+                problem = f"NATS stream {self.stream!r} is missing; re-creating it"
                 try:
                     await self._ensure_stream(nc)
-                except SinkError:
-                    pass
-            start += first
-        if rejected:
-            raise SinkError(f"NATS stream {self.stream!r}: {problem}")
+                except SinkUnavailableError as exc:
+                    problem = str(exc)
+            for j, err in batch.errors.items():
+                if j < settled:
+                    refused[start + j] = f"JetStream refused it: {err}"
+            start += settled
+            if start >= len(messages):
+                return refused
         raise SinkUnavailableError(f"NATS at {self.where}: {problem}")
 
     async def ping(self) -> bool:

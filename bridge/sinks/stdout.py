@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO
 
 from bridge.errors import SinkUnavailableError
@@ -20,9 +20,9 @@ class StdoutSink:
     async def start(self) -> None:
         return None
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         if not events:
-            return
+            return {}
         payload = b"".join(e.to_json() + b"\n" for e in events)
         try:
             if isinstance(self._stream, io.TextIOBase):
@@ -39,6 +39,7 @@ class StdoutSink:
                 self._stream.flush()
         except (OSError, ValueError) as exc:  # ValueError: write to a closed file
             raise SinkUnavailableError(f"stdout sink: cannot write: {exc}") from exc
+        return {}
 
     async def ping(self) -> bool:
         return not self._stream.closed

@@ -80,7 +80,7 @@ def test_parse_reads_back_what_the_builder_encoded() -> None:
     (change,) = detector.on_add(widget("w1", 7), initial=True)
     sent = widgets.build(change)
     got = ReceivedEvent.parse(sent.to_json())
-    assert got.id == sent.id == "uid-w1:7:added"
+    assert got.id == sent.id == "uid-w1:7"
     assert (got.type, got.source, got.subject) == (sent.type, sent.source, "ns/w1")
     assert got.time == sent.time
     assert got.resource_version == "7"

@@ -80,7 +80,7 @@ def test_design_example_loads_with_documented_values(tmp_path: Path) -> None:
     assert settings.sink.kind == "nats" and settings.sink.nats.stream == "K8S"
     assert settings.sink.nats.subjects == ["k8s.>"] and settings.sink.nats.create_stream
     assert settings.sink.kafka.topic == "k8s-events" and settings.sink.kafka.acks == "all"
-    assert settings.checkpoint.kind == "sqlite" and settings.checkpoint.flush_events == 500
+    assert settings.checkpoint.kind == "sqlite" and settings.sink.max_batch == 500
 
 
 def test_defaults_of_every_section(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ async def test_watermark_is_written_after_the_digests(
     finally:
         await nc.close()
     assert last.subject == f"$KV.{store.bucket}.{_enc('r')}.w"
-    assert last.data == b"7"
+    assert last.data == b'"7"'
 
 
 async def test_server_down_is_a_checkpoint_error_and_nothing_advances(

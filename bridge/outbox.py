@@ -1,0 +1,299 @@
+"""The outbox of one resource: what was decided, what the bus has taken, what is safe to checkpoint.
+
+A synchronous core (no asyncio inside): the pipeline's async driver only moves
+batches between it, the sink and the checkpoint store, so every guarantee is a
+property of plain method calls and is tested as such (tests/unit/test_outbox.py).
+
+The life of an event::
+
+    decide ──▶ queue ──take──▶ written ahead ──▶ published ──acknowledged──▶ certain
+               (memory)        (checkpoint: UNCERTAIN row)                  (checkpoint: CERTAIN row
+                                                                             at the next commit)
+
+Invariants:
+
+- **Write-ahead.** ``take`` hands out a batch together with the checkpoint rows
+  that must be stored *before* the batch may be sent: per key, the state the
+  bus may hold once the batch lands (``UNCERTAIN`` upsert or ``DELETING``), plus
+  the uids of earlier incarnations whose delete is still unacknowledged
+  (``prior``). A crash at any instant therefore leaves no event on the bus whose
+  object the checkpoint does not know; a restart treats those keys as
+  uncertain (see ``ResourcePipeline.load``).
+- **The watermark never passes an unacknowledged event.** A watermark
+  candidate is a reflector resourceVersion observed together with the FIFO's
+  ``queued_total``; it becomes a *mark* once the informer has processed that
+  many items (every event those items produced has a sequence number ≤ the
+  mark's), and the committed watermark moves to the newest mark whose events
+  are all acknowledged. Marks are taken while changes keep coming, so the
+  watermark advances under churn that never pauses.
+- **Digests describe what was published.** A key with an unacknowledged event
+  (or a restart's uncertain state not yet resolved) is never committed as
+  certain; the checkpoint holds its write-ahead row until the ack.
+- **Order.** Batches leave in decision order and are acknowledged in that
+  order (one publish at a time per resource), so per-object order holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from bridge.changes import DELETING, UNCERTAIN, Digest
+from bridge.events import Event
+
+
+@dataclass(slots=True)
+class Entry:
+    """One decided event. ``digest`` is the key's state after it (None for a delete)."""
+
+    seq: int
+    key: str
+    uid: str
+    event: Event
+    digest: Digest | None
+
+
+@dataclass(slots=True)
+class Batch:
+    """Events to publish together, and the rows to write ahead before sending them."""
+
+    entries: list[Entry]
+    ahead: list[Digest]
+
+    @property
+    def last_seq(self) -> int:
+        return self.entries[-1].seq
+
+    @property
+    def events(self) -> list[Event]:
+        return [e.event for e in self.entries]
+
+
+@dataclass(slots=True)
+class Commit:
+    """One checkpoint step: the watermark and the keys that became certain (or gone)."""
+
+    watermark: str
+    upserts: list[Digest]
+    deletes: list[str]
+    # key → dirty generation when read; a key changed meanwhile stays dirty.
+    keys: dict[str, int]
+    observed_at: float | None
+
+
+@dataclass(slots=True)
+class _Open:
+    """A key with events not yet acknowledged."""
+
+    last_seq: int = 0
+    # (seq, uid) of delete events not yet acknowledged, oldest first.
+    deletes: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Mark:
+    bound: int  # queued_total (pending marks) or last event seq (resolved marks)
+    rv: str
+    at: float
+
+
+class Outbox:
+    """The synchronous core of one resource's delivery (see the module docstring).
+
+    ``digest_of(key)`` reads the key's current state from the informer's cache
+    (the one store of per-object state): the outbox keeps no copy of it, only
+    the state of keys whose events are on their way.
+    """
+
+    def __init__(
+        self,
+        digest_of: Callable[[str], Digest | None],
+        *,
+        watermark: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._digest_of = digest_of
+        self._clock = clock
+        self._queue: deque[Entry] = deque()
+        self._next_seq = 1
+        self.taken_seq = 0  # every seq ≤ this was handed out by ``take``
+        self.acked_seq = 0  # every seq ≤ this was acknowledged by the bus
+        self._open: dict[str, _Open] = {}
+        # Keys whose state changed since the last commit, with a generation.
+        self._dirty: dict[str, int] = {}
+        self._generation = 0
+        # Uncertain keys from a restart, until a decision resolves them.
+        self.uncertain: dict[str, Digest] = {}
+        self._observed: deque[_Mark] = deque()  # bound = queued_total
+        self._marks: deque[_Mark] = deque()  # bound = event seq
+        self._last_observed_rv = watermark
+        self.committed_watermark = watermark
+        self._committing_since: float | None = None
+        self.last_progress = clock()
+
+    # -- state --------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Decided, not yet taken."""
+        return len(self._queue)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Decided and not yet acknowledged (queued, written ahead or in flight)."""
+        return self._next_seq - 1 - self.acked_seq
+
+    @property
+    def last_seq(self) -> int:
+        return self._next_seq - 1
+
+    def is_open(self, key: str) -> bool:
+        return key in self._open or key in self.uncertain
+
+    def lag(self) -> float:
+        """Seconds since the oldest reflector position the committed watermark does not cover."""
+        oldest = [m[0].at for m in (self._observed, self._marks) if m]
+        if self._committing_since is not None:
+            oldest.append(self._committing_since)
+        return max(0.0, self._clock() - min(oldest)) if oldest else 0.0
+
+    def stalled_for(self) -> float:
+        """Seconds without acknowledgement progress while events wait (0 when none wait)."""
+        if not self.unacknowledged:
+            self.last_progress = self._clock()
+            return 0.0
+        return self._clock() - self.last_progress
+
+    # -- deciding -----------------------------------------------------------
+
+    def decide(self, key: str, uid: str, event: Event, digest: Digest | None) -> Entry:
+        """Queue ``event`` for ``key``; ``digest`` None means it deletes ``uid``."""
+        seq = self._next_seq
+        self._next_seq += 1
+        entry = Entry(seq, key, uid, event, digest)
+        self._queue.append(entry)
+        state = self._open.get(key)
+        if state is None:
+            state = self._open[key] = _Open()
+        state.last_seq = seq
+        if digest is None:
+            state.deletes.append((seq, uid))
+        self.touch(key)
+        return entry
+
+    def touch(self, key: str) -> None:
+        """The cached state of ``key`` changed (also without an event): commit it next time."""
+        self._generation += 1
+        self._dirty[key] = self._generation
+
+    def restore_uncertain(self, digests: Iterable[Digest]) -> None:
+        """Keys that a previous run wrote ahead but never saw acknowledged."""
+        for d in digests:
+            self.uncertain[d.key] = d
+
+    def resolve(self, key: str) -> Digest | None:
+        """Take the restart's uncertain state of ``key`` (None if it has none)."""
+        return self.uncertain.pop(key, None)
+
+    # -- the watermark --------------------------------------------------------
+
+    def observe(self, queued_total: int, resource_version: str) -> None:
+        """The reflector stood at ``resource_version`` once ``queued_total`` items were queued."""
+        if not resource_version or resource_version == self._last_observed_rv:
+            return
+        self._last_observed_rv = resource_version
+        self._observed.append(_Mark(queued_total, resource_version, self._clock()))
+
+    def progress(self, processed_total: int) -> None:
+        """The informer has processed ``processed_total`` items, and decided their events."""
+        observed = self._observed
+        while observed and observed[0].bound <= processed_total:
+            mark = observed.popleft()
+            self._marks.append(_Mark(self.last_seq, mark.rv, mark.at))
+
+    # -- publishing ---------------------------------------------------------
+
+    def take(self, limit: int) -> Batch | None:
+        """The next batch (at most ``limit`` events) and its write-ahead rows."""
+        if not self._queue:
+            return None
+        queue = self._queue
+        entries = [queue.popleft() for _ in range(min(limit, len(queue)))]
+        last = entries[-1].seq
+        self.taken_seq = last
+        final: dict[str, Entry] = {}
+        for e in entries:
+            final[e.key] = e
+        ahead = []
+        for key, e in final.items():
+            deletes = self._open[key].deletes
+            if e.digest is None:
+                row = Digest(key, e.uid, e.event.resource_version, "", DELETING)
+            else:
+                row = replace(e.digest, state=UNCERTAIN)
+            prior = [uid for seq, uid in deletes if seq <= last and uid != row.uid]
+            if prior:
+                row = replace(row, prior=",".join(dict.fromkeys(prior)))
+            ahead.append(row)
+        return Batch(entries, ahead)
+
+    def acknowledged(self, batch: Batch) -> None:
+        """The bus took ``batch`` (or the poison policy settled its refused events)."""
+        first = batch.entries[0].seq
+        if first != self.acked_seq + 1:
+            raise RuntimeError(
+                f"outbox: batch {first}..{batch.last_seq} acknowledged out of order"
+                f" (acknowledged up to {self.acked_seq})"
+            )
+        acked = self.acked_seq = batch.last_seq
+        for key in {e.key for e in batch.entries}:
+            state = self._open.get(key)
+            if state is None:
+                continue
+            if state.deletes:
+                state.deletes = [d for d in state.deletes if d[0] > acked]
+            if state.last_seq <= acked:
+                del self._open[key]
+        self.last_progress = self._clock()
+
+    # -- checkpointing --------------------------------------------------------
+
+    def checkpoint(self) -> Commit | None:
+        """What the next commit writes, or None when the checkpoint is up to date."""
+        watermark, at = self.committed_watermark, None
+        marks = self._marks
+        while marks and marks[0].bound <= self.acked_seq:
+            mark = marks.popleft()
+            watermark, at = mark.rv, mark.at
+        upserts: list[Digest] = []
+        deletes: list[str] = []
+        keys: dict[str, int] = {}
+        for key, generation in self._dirty.items():
+            if key in self._open or key in self.uncertain:
+                continue  # its write-ahead row stands until the ack
+            digest = self._digest_of(key)
+            if digest is None:
+                deletes.append(key)
+            else:
+                upserts.append(digest)
+            keys[key] = generation
+        if watermark == self.committed_watermark and not keys:
+            return None
+        self._committing_since = at
+        return Commit(watermark, upserts, deletes, keys, at)
+
+    def committed(self, commit: Commit) -> None:
+        self.committed_watermark = commit.watermark
+        self._committing_since = None
+        dirty = self._dirty
+        for key, generation in commit.keys.items():
+            if dirty.get(key) == generation:
+                del dirty[key]
+
+    def commit_failed(self, commit: Commit) -> None:
+        """The store refused ``commit``: its marks and keys are offered again next time."""
+        self._committing_since = None
+        if commit.observed_at is not None and commit.watermark != self.committed_watermark:
+            self._marks.appendleft(_Mark(0, commit.watermark, commit.observed_at))
