@@ -48,6 +48,14 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.poison_events = Counter(
+            "poison_events",
+            "Events the bus refused for good, by what the poison policy did with them"
+            " (truncated, skipped, superseded, failed)",
+            ["resource", "outcome"],
+            namespace=ns,
+            registry=registry,
+        )
         self.publish_latency = Histogram(
             "publish_latency_seconds",
             "Time from handing an event to the sink until its ack",

@@ -37,12 +37,14 @@ class PipelineObserver:
         # What was already carried over, per pipeline label.
         self._restarts: dict[str, Counter[str]] = {}
         self._relists: dict[str, Counter[str]] = {}
+        self._published: dict[str, Counter[str]] = {}
+        self._poison: dict[str, Counter[str]] = {}
+        self._suppressed: dict[str, Counter[str]] = {}
         self._synced: set[str] = set()
         self._started = clock()
         self._last_progress = clock()
 
     def sync_metrics(self) -> None:
-        now = self._clock()
         for p in self.pipelines:
             informer = p.informer
             reflector = informer.reflector if informer is not None else None
@@ -53,7 +55,16 @@ class PipelineObserver:
                 self._carry(p.label, reflector.relists, self._relists, self.metrics.relists)
             if informer is not None:
                 self.metrics.cache_objects.labels(resource=p.label).set(len(informer.store))
-            self.metrics.checkpoint_lag.labels(resource=p.label).set(now - p.stats.last_commit)
+            stats = p.stats
+            self._carry(p.label, stats.by_type, self._published, self.metrics.events_published)
+            self._carry(p.label, stats.poison, self._poison, self.metrics.poison_events)
+            self._carry(
+                p.label,
+                Counter(unchanged=stats.suppressed),
+                self._suppressed,
+                self.metrics.changes_suppressed,
+            )
+            self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
 
     @staticmethod
     def _carry(
@@ -66,7 +77,7 @@ class PipelineObserver:
         for reason, n in current.items():
             delta = n - before[reason]
             if delta > 0:
-                family.labels(resource=label, reason=reason).inc(delta)
+                family.labels(label, reason).inc(delta)
                 before[reason] = n
 
     def report_progress(self) -> None:

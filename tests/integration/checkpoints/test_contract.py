@@ -1,0 +1,125 @@
+"""The CheckpointStore contract, run against every store: memory, SQLite and NATS KV.
+
+What the outbox relies on: an empty watermark is a checkpoint (not "none"),
+write-ahead rows (``resource_version=None``) keep their state and prior uids
+and leave the watermark alone, deletes apply before upserts, and a reopened
+store reads back exactly what was committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.checkpoints import CheckpointStore
+from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[[], CheckpointStore]
+
+
+@pytest.fixture(params=["memory", "sqlite", "nats-kv"])
+async def make(
+    request: pytest.FixtureRequest, tmp_path: Path, nats_server: str
+) -> AsyncIterator[Factory]:
+    """A factory of stores that all see the same data (a "reopen" is a new instance)."""
+    memory = MemoryCheckpointStore()
+    bucket = "cp-" + uuid.uuid4().hex[:8]
+    opened: list[CheckpointStore] = []
+
+    def factory() -> CheckpointStore:
+        store: CheckpointStore
+        if request.param == "memory":
+            store = memory
+        elif request.param == "sqlite":
+            store = SqliteCheckpointStore(tmp_path / "state.db")
+        else:
+            store = NatsKvCheckpointStore([nats_server], bucket=bucket)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        await store.close()
+
+
+async def reopen(make: Factory, old: CheckpointStore) -> CheckpointStore:
+    await old.close()
+    store = make()
+    await store.open()
+    return store
+
+
+async def test_nothing_committed_loads_none(make: Factory) -> None:
+    store = make()
+    await store.open()
+    assert await store.load("core/v1/pods") is None
+
+
+async def test_an_empty_watermark_is_a_checkpoint(make: Factory) -> None:
+    """A crash before the first list completed: the digests must survive."""
+    store = make()
+    await store.open()
+    await store.commit("r", "", [Digest("ns/a", "ua", "5", "f")], [])
+    store = await reopen(make, store)
+    cp = await store.load("r")
+    assert cp is not None
+    assert cp.resource_version == ""
+    assert cp.digests == {"ns/a": Digest("ns/a", "ua", "5", "f")}
+
+
+async def test_write_ahead_rows_keep_their_state_and_leave_the_watermark(make: Factory) -> None:
+    store = make()
+    await store.open()
+    await store.commit("r", "10", [Digest("ns/a", "ua", "9", "f")], [])
+    ahead = [
+        Digest("ns/a", "ua2", "11", "g", UNCERTAIN, prior="ua"),
+        Digest("ns/b", "ub", "12", "", DELETING),
+    ]
+    await store.commit("r", None, ahead, [])
+    store = await reopen(make, store)
+    cp = await store.load("r")
+    assert cp is not None and cp.resource_version == "10"
+    assert cp.digests == {d.key: d for d in ahead}
+
+
+async def test_write_ahead_before_any_watermark_is_loaded(make: Factory) -> None:
+    """The very first write of a new resource is a write-ahead row."""
+    store = make()
+    await store.open()
+    await store.commit("r", None, [Digest("a", "ua", "3", "f", UNCERTAIN)], [])
+    cp = await store.load("r")
+    assert cp is not None and cp.resource_version == ""
+    assert cp.digests["a"].state == UNCERTAIN
+
+
+async def test_certain_after_the_ack_and_deletes_before_upserts(make: Factory) -> None:
+    store = make()
+    await store.open()
+    await store.commit("r", None, [Digest("a", "ua", "3", "f", UNCERTAIN)], [])
+    await store.commit("r", "3", [Digest("a", "ua", "3", "f", CERTAIN)], [])
+    await store.commit("r", "4", [Digest("a", "ua2", "4", "g")], ["a"])  # delete + re-create
+    cp = await store.load("r")
+    assert cp is not None and cp.resource_version == "4"
+    assert cp.digests == {"a": Digest("a", "ua2", "4", "g")}
+    await store.commit("r", "5", [], ["a"])
+    cp = await store.load("r")
+    assert cp is not None and cp.digests == {} and cp.resource_version == "5"
+
+
+async def test_resources_are_separate(make: Factory) -> None:
+    store = make()
+    await store.open()
+    await store.commit("core/v1/pods", "7", [Digest("a", "u", "7", "f")], [])
+    await store.commit("apps/v1/deployments@ns", "8", [Digest("a", "v", "8", "g")], [])
+    pods = await store.load("core/v1/pods")
+    deployments = await store.load("apps/v1/deployments@ns")
+    assert pods is not None and deployments is not None
+    assert pods.digests["a"].uid == "u" and deployments.digests["a"].uid == "v"

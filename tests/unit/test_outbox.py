@@ -1,0 +1,292 @@
+"""The outbox core, one invariant per test, with fake time and no event loop.
+
+The informer's cache is a plain dict here (``Cache``): the outbox reads digests
+from it, as the pipeline's outbox reads them from the informer's store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.events import Event
+from bridge.outbox import Batch, Outbox
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Cache:
+    """The informer's cache as the outbox sees it: key → digest."""
+
+    items: dict[str, Digest] = field(default_factory=dict)
+
+    def get(self, key: str) -> Digest | None:
+        return self.items.get(key)
+
+
+def event(uid: str, rv: str, kind: str = "modified") -> Event:
+    return Event(
+        id=f"{uid}:deleted" if kind == "deleted" else f"{uid}:{rv}",
+        type=f"io.k8s.core.v1.Pod.{kind}",
+        source="k8s://t/v1/pods",
+        subject="ns/x",
+        time="2024-01-01T00:00:00Z",
+        resource_version=rv,
+        initial=False,
+        data={},
+    )
+
+
+class World:
+    """An outbox plus the cache it reads, with helpers that act like the informer."""
+
+    def __init__(self, watermark: str = "") -> None:
+        self.clock = Clock()
+        self.cache = Cache()
+        self.outbox = Outbox(self.cache.get, watermark=watermark, clock=self.clock)
+        self.queued = 0  # the FIFO's queued_total
+        self.processed = 0  # the FIFO's processed_total
+
+    def change(self, key: str, uid: str, rv: int, fp: str = "f") -> None:
+        """A watch event queued by the reflector and processed by the informer."""
+        self.queued += 1
+        self.outbox.observe(self.queued, str(rv))
+        self.outbox.progress(self.processed)
+        d = Digest(key, uid, str(rv), fp)
+        self.cache.items[key] = d
+        self.outbox.decide(key, uid, event(uid, str(rv)), d)
+        self.processed += 1
+        self.outbox.progress(self.processed)
+
+    def delete(self, key: str, uid: str, rv: int) -> None:
+        self.queued += 1
+        self.outbox.observe(self.queued, str(rv))
+        self.cache.items.pop(key, None)
+        self.outbox.decide(key, uid, event(uid, str(rv), "deleted"), None)
+        self.processed += 1
+        self.outbox.progress(self.processed)
+
+    def quiet(self, key: str, rv: int) -> None:
+        """An update that publishes nothing (an ignored field): only the RV moves."""
+        self.queued += 1
+        self.outbox.observe(self.queued, str(rv))
+        old = self.cache.items[key]
+        self.cache.items[key] = Digest(key, old.uid, str(rv), old.fingerprint)
+        self.processed += 1
+        self.outbox.progress(self.processed)
+
+    def publish(self, limit: int = 100) -> Batch:
+        batch = self.outbox.take(limit)
+        assert batch is not None
+        self.outbox.acknowledged(batch)
+        return batch
+
+    def commit(self) -> tuple[str, dict[str, Digest], list[str]]:
+        commit = self.outbox.checkpoint()
+        if commit is None:
+            return self.outbox.committed_watermark, {}, []
+        self.outbox.committed(commit)
+        return commit.watermark, {d.key: d for d in commit.upserts}, commit.deletes
+
+
+# -- the watermark -------------------------------------------------------------
+
+
+def test_watermark_never_passes_an_unacknowledged_event() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.change("b", "ub", 11)
+    first = w.outbox.take(1)  # a@10 only
+    assert first is not None
+    w.outbox.acknowledged(first)
+    w.outbox.take(1)  # b@11 taken (written ahead, in flight), never acknowledged
+    watermark, upserts, _ = w.commit()
+    assert watermark == "10"
+    assert set(upserts) == {"a"}  # b is not certain: its event may still be lost
+
+
+def test_watermark_covers_quiet_updates_and_bookmarks_once_everything_before_is_acked() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.quiet("a", 11)
+    w.outbox.observe(w.queued, "15")  # a bookmark: the RV moves, nothing is queued
+    w.outbox.progress(w.processed)
+    assert w.commit()[0] == ""  # a@10 not yet acknowledged
+    w.publish()
+    assert w.commit()[0] == "15"
+
+
+def test_watermark_advances_under_churn_that_never_pauses() -> None:
+    """The queue is never empty, yet every commit moves the watermark to what is acked."""
+    w = World()
+    watermarks = []
+    rv = 0
+    for _ in range(50):
+        for _ in range(10):
+            rv += 1
+            w.change(f"k{rv % 7}", f"u{rv % 7}", rv)
+        w.publish(8)  # a batch leaves; the rest waits while more keeps coming
+        assert w.outbox.queued > 0
+        watermarks.append(int(w.commit()[0]))
+    # Every round the watermark moved, to exactly the last acknowledged event.
+    assert watermarks == [8 * r for r in range(1, 51)]
+
+
+def test_a_mark_waits_for_the_items_queued_before_it() -> None:
+    """An RV observed while earlier items are still in the FIFO is not yet a mark."""
+    w = World()
+    w.outbox.observe(3, "30")  # the reflector queued 3 items and stands at 30
+    w.outbox.progress(2)  # the informer has processed only 2 of them
+    assert w.commit()[0] == ""
+    w.outbox.progress(3)
+    assert w.commit()[0] == "30"
+
+
+def test_lag_is_the_age_of_the_oldest_uncommitted_position() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.clock.now += 1.5
+    assert w.outbox.lag() == pytest.approx(1.5)
+    w.publish()
+    w.commit()
+    assert w.outbox.lag() == 0.0
+
+
+# -- write-ahead -------------------------------------------------------------------
+
+
+def test_take_writes_ahead_the_state_the_bus_may_hold() -> None:
+    w = World()
+    w.change("a", "ua", 10, fp="f1")
+    w.change("a", "ua", 11, fp="f2")
+    w.change("b", "ub", 12)
+    batch = w.outbox.take(10)
+    assert batch is not None
+    rows = {d.key: d for d in batch.ahead}
+    assert rows["a"] == Digest("a", "ua", "11", "f2", UNCERTAIN)  # the last state of a in the batch
+    assert rows["b"].state == UNCERTAIN
+
+
+def test_a_delete_is_written_ahead_as_deleting_and_recreate_names_the_prior_uid() -> None:
+    w = World()
+    w.change("a", "u1", 10)
+    w.publish()
+    w.delete("a", "u1", 11)
+    gone = w.outbox.take(10)
+    assert gone is not None
+    assert gone.ahead == [Digest("a", "u1", "11", "", DELETING)]
+    w.change("a", "u2", 12)  # re-created while the delete is still unacknowledged
+    again = w.outbox.take(10)
+    assert again is not None
+    assert again.ahead == [Digest("a", "u2", "12", "f", UNCERTAIN, prior="u1")]
+    w.outbox.acknowledged(gone)
+    w.outbox.acknowledged(again)
+    _, upserts, deletes = w.commit()
+    assert upserts["a"] == Digest("a", "u2", "12", "f", CERTAIN)
+    assert deletes == []
+
+
+def test_an_acknowledged_delete_leaves_the_checkpoint() -> None:
+    w = World()
+    w.change("a", "u1", 10)
+    w.publish()
+    w.commit()
+    w.delete("a", "u1", 11)
+    w.publish()
+    watermark, upserts, deletes = w.commit()
+    assert (watermark, upserts, deletes) == ("11", {}, ["a"])
+
+
+# -- failures, order, shutdown ---------------------------------------------------------
+
+
+def test_a_failed_publish_loses_nothing_and_keeps_order() -> None:
+    """The driver retries the batch it holds; the core refuses any other order."""
+    w = World()
+    for rv in range(10, 15):
+        w.change("a", "ua", rv, fp=f"f{rv}")
+    first = w.outbox.take(2)
+    second = w.outbox.take(2)
+    assert first is not None and second is not None
+    with pytest.raises(RuntimeError, match="out of order"):
+        w.outbox.acknowledged(second)
+    # Nothing was lost while the bus was down: the same batch, then the next.
+    assert [e.event.id for e in first.entries] == ["ua:10", "ua:11"]
+    w.outbox.acknowledged(first)
+    w.outbox.acknowledged(second)
+    rest = w.outbox.take(10)
+    assert rest is not None and [e.event.id for e in rest.entries] == ["ua:14"]
+    assert w.outbox.unacknowledged == 1
+
+
+def test_shutdown_commits_what_was_acknowledged_and_leaves_the_rest_written_ahead() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    w.change("b", "ub", 11)
+    w.outbox.take(10)  # in flight when the process stops
+    w.change("c", "uc", 12)  # decided, never taken
+    watermark, upserts, _ = w.commit()
+    assert watermark == "10"
+    assert set(upserts) == {"a"}
+    assert w.outbox.is_open("b") and w.outbox.is_open("c")
+
+
+def test_a_key_changed_during_a_commit_stays_dirty() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    commit = w.outbox.checkpoint()
+    assert commit is not None
+    w.quiet("a", 11)
+    w.outbox.touch("a")  # the cache moved while the store was writing
+    w.outbox.committed(commit)
+    again = w.outbox.checkpoint()
+    assert again is not None and [d.resource_version for d in again.upserts] == ["11"]
+
+
+def test_a_failed_commit_offers_its_watermark_again() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    commit = w.outbox.checkpoint()
+    assert commit is not None and commit.watermark == "10"
+    w.outbox.commit_failed(commit)
+    again = w.outbox.checkpoint()
+    assert again is not None and again.watermark == "10" and set(again.keys) == {"a"}
+
+
+def test_stalled_counts_only_while_events_wait() -> None:
+    w = World()
+    assert w.outbox.stalled_for() == 0.0
+    w.change("a", "ua", 10)
+    w.clock.now += 30
+    assert w.outbox.stalled_for() == pytest.approx(30)
+    w.publish()
+    assert w.outbox.stalled_for() == 0.0
+
+
+# -- resume --------------------------------------------------------------------
+
+
+def test_uncertain_keys_are_never_committed_until_resolved() -> None:
+    w = World(watermark="9")
+    w.cache.items["a"] = Digest("a", "ua", "", "f")
+    w.outbox.restore_uncertain([Digest("a", "ua", "10", "f", UNCERTAIN)])
+    w.outbox.touch("a")
+    assert w.commit() == ("9", {}, [])
+    resolved = w.outbox.resolve("a")
+    assert resolved is not None and resolved.resource_version == "10"
+    w.change("a", "ua", 10)  # republished with the same id
+    w.publish()
+    watermark, upserts, _ = w.commit()
+    assert upserts["a"].state == CERTAIN and watermark == "10"
