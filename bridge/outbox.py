@@ -229,7 +229,13 @@ class Outbox:
         ahead = []
         for key, e in final.items():
             deletes = self._open[key].deletes
-            if e.digest is None:
+            unresolved = self.uncertain.get(key)
+            if unresolved is not None:
+                # A restart's re-sent delete of an earlier uid: the key's uncertain
+                # state from the previous run may still be on the bus and must stay
+                # known until a decision resolves it.
+                row = replace(unresolved, state=UNCERTAIN, prior="")
+            elif e.digest is None:
                 row = Digest(key, e.uid, e.event.resource_version, "", DELETING)
             else:
                 row = replace(e.digest, state=UNCERTAIN)

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from bridge.aiotasks import cancel_and_wait, run_group
@@ -180,6 +180,7 @@ class ResourcePipeline:
         checkpoint = await self._checkpoints.load(self.resource_id)
         records: list[RawObject] | None = None
         watermark: str | None = None
+        reflector = self.settings.reflector
         if checkpoint is not None:
             self._resumed = True
             watermark = checkpoint.resource_version or None
@@ -206,12 +207,13 @@ class ResourcePipeline:
                 self.outbox.decide(key, uid, event, None)
             if self._restart_deletes:
                 self._decided.set()
-            if watermark is not None and not all(
-                _after(d.resource_version, watermark) for d in uncertain
-            ):
-                # The watch from the watermark would not replay every uncertain
-                # key: relist (and diff against the cache) instead.
+            if uncertain or self._restart_deletes:
+                # A crash with events in flight. Replaying the watch from the
+                # watermark would bring older states of those keys, indistinguishable
+                # from news; a relist of the latest state settles each of them (and
+                # collapses what changed meanwhile, as any relist does).
                 watermark = None
+                reflector = replace(reflector, consistent_first_list=True)
             log.info(
                 "resuming from checkpoint",
                 resource=self.label,
@@ -535,10 +537,3 @@ class ResourcePipeline:
 async def _watch(task: asyncio.Task[None]) -> None:
     """Await a task started elsewhere (its failure ends the group; cancelling leaves it be)."""
     await asyncio.shield(task)
-
-
-def _after(resource_version: str, watermark: str) -> bool:
-    try:
-        return int(resource_version) > int(watermark)
-    except ValueError:
-        return False

@@ -67,6 +67,10 @@ class ReflectorSettings:
     # initial-events-end bookmark right after the last synthetic ADDED; this
     # long a silence without it means the flag was ignored.
     initial_events_quiet: float = 10.0
+    # The first list reads the latest state (resourceVersion ""), never the watch
+    # cache: a consumer whose cache may be ahead of the cache's RV (restored from a
+    # checkpoint) must not mistake a lagging list for deletes.
+    consistent_first_list: bool = False
 
 
 class VeryShortWatchError(KubeError):
@@ -159,7 +163,7 @@ class Reflector:
         )
         self._start_rv = resource_version
         self._last_sync_rv = ""
-        self._rv_unavailable = False
+        self._rv_unavailable = self.settings.consistent_first_list
         self._paginated_result = False
         # None: not tried yet; False: the server does not do streaming lists.
         self._watch_list_supported: bool | None = None

@@ -58,7 +58,10 @@ class World:
         self.states: set[tuple[str, str]] = set()  # (uid, resourceVersion) ever served
         self.deleted: set[str] = set()  # uids deleted
         self.gone_names: list[str] = []
+        self.recent: list[str] = []  # names touched last, newest at the end
         self.n = 0
+        self.log: list[str] = []  # what happened, for failure messages
+        self.round = 0
 
     def create(self, name: str | None = None) -> None:
         if name is None:
@@ -69,10 +72,19 @@ class World:
 
     def _record(self, name: str, obj: dict[str, Any]) -> None:
         md = obj["metadata"]
+        self.log.append(f"r{self.round} {name} {md['uid']} rv={md['resourceVersion']}")
+        self.recent = [*self.recent[-49:], name]
         self.live[name] = md["uid"]
         self.states.add((md["uid"], md["resourceVersion"]))
 
-    def step(self) -> None:
+    def pick(self, recent_first: bool) -> str:
+        """A live name; while the bridge is down, mostly one that changed just before."""
+        recent = [n for n in self.recent if n in self.live]
+        if recent_first and recent and self.rng.random() < 0.7:
+            return self.rng.choice(recent)
+        return self.rng.choice(sorted(self.live))
+
+    def step(self, recent_first: bool = False) -> None:
         r = self.rng.random()
         if not self.live or r < 0.3:
             if self.gone_names and self.rng.random() < 0.3:
@@ -81,15 +93,18 @@ class World:
             else:
                 self.create()
         elif r < 0.75:
-            name = self.rng.choice(sorted(self.live))
+            name = self.pick(recent_first)
             node = f"n{self.rng.randrange(10**6)}"
             obj = self.emulator.patch(
                 "v1", "Pod", name, {"spec": {"nodeName": node}}, namespace="default"
             )
             self._record(name, obj)
         else:
-            name = self.rng.choice(sorted(self.live))
-            self.emulator.delete("v1", "Pod", name, namespace="default")
+            name = self.pick(recent_first)
+            gone = self.emulator.delete("v1", "Pod", name, namespace="default")
+            self.log.append(
+                f"r{self.round} {name} deleted rv={gone['metadata']['resourceVersion']}"
+            )
             self.deleted.add(self.live.pop(name))
             self.gone_names.append(name)
 
@@ -99,6 +114,10 @@ class World:
         while loop.time() < end:
             self.step()
             await asyncio.sleep(1 / rate)
+
+
+def history(evs: list[dict[str, Any]]) -> list[str]:
+    return [f"{e['subject']} {e['id']} {e['type'].rsplit('.', 1)[-1]}" for e in evs]
 
 
 def check_property(world: World, events: list[dict[str, Any]], seed: int, bus: str) -> None:
@@ -130,7 +149,9 @@ def check_property(world: World, events: list[dict[str, Any]], seed: int, bus: s
             assert evs[-1]["type"].endswith(".deleted"), f"{uid}: events after its delete {where}"
         # 1. every object that reached the bus and is gone has its delete.
         if uid not in world.live.values():
-            assert deletes, f"delete of {uid} never published {where}"
+            name = evs[0]["subject"].split("/")[1]
+            told = [line for line in world.log if f" {name} " in line or " p" not in line]
+            assert deletes, f"delete of {uid} never published: {history(evs)} {told} {where}"
 
     # 2. every live object's current state is the last event for it.
     for name, uid in world.live.items():
@@ -149,17 +170,21 @@ async def crash_rounds(
     world = World(emulator, rng)
     for _ in range(1500):  # a first list long enough to be killed in the middle of
         world.create()
-    for _ in range(rounds):
+    for r in range(rounds):
+        world.round = r
         bridge = BridgeProcess(config)
         await bridge.start()
         await world.churn(rng.uniform(0.3, 2.5))
+        world.log.append(f"r{r} kill at rv={emulator.resource_version}")
         kill9(bridge)
         assert bridge.proc is not None
         await bridge.proc.wait()
         for _ in range(rng.randrange(60)):
-            world.step()
+            world.step(recent_first=True)
+        world.log.append(f"r{r} down")
         if rng.random() < 0.5:
             emulator.chaos.compact()
+            world.log.append(f"r{r} compacted at rv={emulator.resource_version}")
     bridge = BridgeProcess(config)
     await bridge.start()
     try:
@@ -185,6 +210,11 @@ def settled(db: Path, emulator: Emulator) -> bool:
     return row is not None and row[0] == str(emulator.resource_version) and pending == 0
 
 
+def CHECKPOINT(tmp_path: Path) -> dict[str, Any]:
+    # The default cadence: a second of acknowledged events not yet committed as certain.
+    return {"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 1.0}
+
+
 def seed() -> int:
     return int(os.environ.get("CRASH_SEED") or time.time_ns() % 10**9)
 
@@ -198,6 +228,7 @@ async def test_kill9_at_random_moments_against_jetstream(
         kubeconfig=kubeconfig,
         sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
         resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        checkpoint=CHECKPOINT(tmp_path),
     )
     world = await crash_rounds(emulator, config, random.Random(s), 8, tmp_path / "state.db")
     events = await jetstream_events(nats_control.url)
@@ -225,6 +256,7 @@ async def test_kill9_at_random_moments_against_kafka(
             },
         },
         resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        checkpoint=CHECKPOINT(tmp_path),
     )
     world = await crash_rounds(emulator, config, random.Random(s), 5, tmp_path / "state.db")
     events = await kafka_events(kafka_broker, topic)

@@ -290,3 +290,14 @@ def test_uncertain_keys_are_never_committed_until_resolved() -> None:
     w.publish()
     watermark, upserts, _ = w.commit()
     assert upserts["a"].state == CERTAIN and watermark == "10"
+
+
+def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
+    """Restart: the row said "uid u2 may be on the bus, and the delete of u1 too"."""
+    w = World(watermark="9")
+    w.outbox.restore_uncertain([Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")])
+    w.outbox.decide("a", "u1", event("u1", "", "deleted"), None)  # re-sent at once
+    batch = w.outbox.take(10)
+    assert batch is not None
+    # Written ahead again: u2 is still uncertain, and u1's delete is on its way.
+    assert batch.ahead == [Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")]
