@@ -87,7 +87,11 @@ class ResourceSettings(_Section):
     ignore_fields: list[str] = Field(
         default_factory=list, description="Dotted paths whose changes alone publish nothing"
     )
-    redact_secrets: bool = Field(default=True, description="Redact Secret data/stringData")
+    redact_secrets: bool = Field(
+        default=True,
+        description="Redact Secret data/stringData values, also in the last-applied-configuration "
+        "annotation",
+    )
     mask_paths: list[str] = Field(
         default_factory=list, description="Dotted paths replaced by a mask in published objects"
     )
