@@ -1,9 +1,13 @@
 """Structured logging: JSON lines for machines, a console renderer for people.
 
-``configure_logging`` is called once by the app with the ``logging`` settings;
+``configure_logging`` is called by the app with the ``logging`` settings;
 modules take a logger with ``get_logger(__name__)`` and log key/value pairs.
 Values under keys that look like credentials are replaced before rendering, so
 a token handed to a log call by mistake never reaches the output.
+
+Module loggers are made at import, long before the settings are read, so they
+are lazy: each assembles itself from the configuration in force at its use,
+and again after ``configure_logging`` runs anew.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ REDACTED = "[redacted]"
 _SENSITIVE = re.compile(r"token|passw(or)?d|secret|authorization|api[-_]?key|credential", re.I)
 
 Format = Literal["auto", "json", "console"]
+
+# Bumped by configure_logging: lazy loggers rebuild on their next use.
+_generation = 0
 
 
 def redact_sensitive(
@@ -63,9 +70,10 @@ def configure_logging(
 ) -> None:
     """Configure structlog (and route the stdlib's ``logging`` through the same output).
 
-    ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers are cached on
-    first use, so call this before the first log line.
+    ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers from
+    ``get_logger`` follow it from their next log line on, wherever they were made.
     """
+    global _generation
     out = stream if stream is not None else sys.stderr
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -107,6 +115,7 @@ def configure_logging(
     handler._k8s_bridge = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+    _generation += 1
 
 
 def _dumps(obj: Any, **_: Any) -> str:
@@ -118,8 +127,34 @@ def _wants_colors(stream: TextIO) -> bool:
     return bool(callable(isatty) and isatty())
 
 
+class _LazyLogger:
+    """A structlog logger that binds its context when used, under the configuration then
+    in force; structlog's own lazy proxy would keep the first one it met for good."""
+
+    __slots__ = ("_built_for", "_context", "_logger")
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        self._context = context
+        self._logger: Any = None
+        self._built_for = -2
+
+    def _current(self) -> Any:
+        # structlog.reset_defaults() (tests) also counts as a new configuration.
+        token = _generation if structlog.is_configured() else -1
+        if token != self._built_for:
+            self._logger = structlog.get_logger().bind(**self._context)
+            self._built_for = token
+        return self._logger
+
+    def bind(self, **values: Any) -> _LazyLogger:
+        return _LazyLogger({**self._context, **values})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._current(), name)
+
+
 def get_logger(name: str | None = None, **initial: Any) -> Any:
-    """A structlog logger bound to ``logger=name`` (and any initial key/values)."""
+    """A lazy logger bound to ``logger=name`` (and any initial key/values)."""
     if name is not None:
         initial = {"logger": name, **initial}
-    return structlog.get_logger().bind(**initial)
+    return _LazyLogger(initial)

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-import structlog
-
 from bridge.errors import (
     ApiStatusError,
     ExpiredError,
@@ -40,8 +38,9 @@ from bridge.kube.objects import (
     namespace_key,
 )
 from bridge.kube.protocols import ListerWatcher, ListOptions, ReflectorStore, WatchOptions
+from bridge.logging import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
