@@ -26,9 +26,6 @@ _SENSITIVE = re.compile(r"token|passw(or)?d|secret|authorization|api[-_]?key|cre
 
 Format = Literal["auto", "json", "console"]
 
-# Bumped by configure_logging: lazy loggers rebuild on their next use.
-_generation = 0
-
 
 def redact_sensitive(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
@@ -73,7 +70,6 @@ def configure_logging(
     ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers from
     ``get_logger`` follow it from their next log line on, wherever they were made.
     """
-    global _generation
     out = stream if stream is not None else sys.stderr
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -115,7 +111,6 @@ def configure_logging(
     handler._k8s_bridge = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
-    _generation += 1
 
 
 def _dumps(obj: Any, **_: Any) -> str:
@@ -131,19 +126,29 @@ class _LazyLogger:
     """A structlog logger that binds its context when used, under the configuration then
     in force; structlog's own lazy proxy would keep the first one it met for good."""
 
-    __slots__ = ("_built_for", "_context", "_logger")
+    __slots__ = ("_context", "_factory", "_logger", "_processors", "_wrapper")
 
     def __init__(self, context: dict[str, Any]) -> None:
         self._context = context
         self._logger: Any = None
-        self._built_for = -2
+        self._processors: object = None
+        self._wrapper: object = None
+        self._factory: object = None
 
     def _current(self) -> Any:
-        # structlog.reset_defaults() (tests) also counts as a new configuration.
-        token = _generation if structlog.is_configured() else -1
-        if token != self._built_for:
+        # Any structlog.configure counts (configure_logging, reset_defaults,
+        # structlog.testing.capture_logs): each installs new objects.
+        config = structlog.get_config()
+        processors, wrapper = config["processors"], config["wrapper_class"]
+        factory = config["logger_factory"]
+        if (
+            self._logger is None
+            or processors is not self._processors
+            or wrapper is not self._wrapper
+            or factory is not self._factory
+        ):
             self._logger = structlog.get_logger().bind(**self._context)
-            self._built_for = token
+            self._processors, self._wrapper, self._factory = processors, wrapper, factory
         return self._logger
 
     def bind(self, **values: Any) -> _LazyLogger:

@@ -118,3 +118,8 @@ def test_a_logger_follows_each_new_configuration_and_binds_lazily() -> None:
     assert [json.loads(line)["event"] for line in first.getvalue().splitlines()] == ["to the first"]
     line = json.loads(second.getvalue())
     assert (line["event"], line["logger"], line["part"]) == ("to the second", "bridge.test", "one")
+    with structlog.testing.capture_logs() as captured:
+        bound.warning("captured")
+    assert captured == [
+        {"event": "captured", "logger": "bridge.test", "part": "one", "log_level": "warning"}
+    ]
