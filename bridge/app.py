@@ -185,7 +185,13 @@ class BridgeApp:
         # A standby replica (not leading) runs no pipelines and is ready to take over.
         if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
+        unhealthy_after = self.settings.informer.unhealthy_after
         for p in self.pipelines:
+            reflector = p.informer.reflector if p.informer is not None else None
+            down = reflector.down_for() if reflector is not None else 0.0
+            if reflector is not None and down >= unhealthy_after:
+                why = f": {reflector.last_error}" if reflector.last_error else ""
+                reasons.append(f"{p.label}: no working list/watch for {down:.0f}s{why}")
             if not p.has_synced():
                 reasons.append(f"{p.label}: not synced")
             if not p.sink_healthy:

@@ -194,6 +194,11 @@ class InformerSettings(_Section):
     watch_list: Literal["auto", "on", "off"] = "auto"
     resync_period: float | None = Field(default=None, gt=0)
     max_queued: int = Field(default=1000, gt=0)
+    unhealthy_after: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds without a working list/watch of a resource before /readyz says 503",
+    )
 
 
 class ServerSettings(_Section):
