@@ -23,8 +23,10 @@ from prometheus_client import CollectorRegistry
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import (
+    BridgeError,
     ConfigError,
     KubeConnectionError,
+    ResourceFailedError,
     ServerError,
     SinkError,
     TooManyRequestsError,
@@ -351,9 +353,13 @@ class BridgeApp:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
         try:
             done, _ = await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t in tasks and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            for p, t in zip(self.pipelines, tasks, strict=True):
+                error = t.exception() if t in done and not t.cancelled() else None
+                if isinstance(error, BridgeError):
+                    # One line for the operator: which resource, and the server's reason.
+                    raise ResourceFailedError(f"resource {p.label}: {error}") from error
+                if error is not None:
+                    raise error
         finally:
             for t in [*tasks, *waiters]:
                 t.cancel()

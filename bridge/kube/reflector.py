@@ -7,10 +7,13 @@ back off and relist. Semantics follow ``tools/cache/reflector.go`` and
 ``tools/pager/pager.go``; the statement numbers in comments refer to
 INFORMER-CHECKLIST.md.
 
-A bridge that retries in silence looks healthy while it publishes nothing, so
-a failing list/watch is logged (at its first failure, then at most every
-``warn_every`` seconds with the count since) and its state (``connected``,
-``down_for``) is kept for readiness and metrics.
+Two departures, because a bridge that retries in silence looks healthy while
+it publishes nothing: a failing list/watch is logged (at its first failure,
+then at most every ``warn_every`` seconds with the count since) and its state
+(``connected``, ``down_for``) is kept for readiness and metrics; and a LIST the
+server rejects as malformed (400, e.g. a field selector the kind does not
+support) is not retried but raised as ``ListRejectedError``: the same request
+can never succeed.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from typing import Any, Literal
 
 from bridge.errors import (
     ApiStatusError,
+    BadRequestError,
     ExpiredError,
     KubeConnectionError,
     KubeError,
+    ListRejectedError,
     TooLargeResourceVersionError,
     TooManyRequestsError,
     WatchStalledError,
@@ -263,7 +268,7 @@ class Reflector:
     # -- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        """ListAndWatch until cancelled; failures back off and retry, never escape."""
+        """ListAndWatch until cancelled; failures back off and retry, except a rejected LIST."""
         self.last_healthy = _loop_time()
         resync: asyncio.Task[None] | None = None
         if self._resync_period:
@@ -273,6 +278,9 @@ class Reflector:
                 retry_after: float | None = None
                 try:
                     await self._list_and_watch()
+                except ListRejectedError as e:
+                    self._failed(e)
+                    raise
                 except KubeError as e:
                     self._relist_reason = _relist_reason(e)
                     if isinstance(e, ApiStatusError):
@@ -316,7 +324,10 @@ class Reflector:
                 if self.uses_watch_list:
                     events = await self._watch_list(stack)
                 if events is None:
-                    await self._list()
+                    try:
+                        await self._list()
+                    except BadRequestError as e:
+                        raise ListRejectedError(f"the API server rejected the LIST: {e}") from e
             await self._watch(events, stack)
 
     # -- LIST -------------------------------------------------------------

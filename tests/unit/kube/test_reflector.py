@@ -19,6 +19,7 @@ from bridge.errors import (
     ExpiredError,
     ForbiddenError,
     KubeConnectionError,
+    ListRejectedError,
     ServerError,
     TooLargeResourceVersionError,
     TooManyRequestsError,
@@ -606,6 +607,17 @@ async def test_down_for_counts_from_when_the_stream_was_lost() -> None:
         await until(lambda: r.failures == 3)
         assert not r.connected
         assert r.down_for() == pytest.approx(now() - (opened + 5), abs=0.1)
+
+
+async def test_a_list_the_server_rejects_as_malformed_is_raised_not_retried() -> None:
+    """Not client-go: a 400 on LIST (a bad selector) can never succeed; retrying hangs silently."""
+    lw = ScriptedListerWatcher()
+    lw.add_list(BadRequestError("field label not supported: spec.bogus"), list_response([], 5))
+    r = Reflector(lw, RecordingStore(), settings=OFF)
+    with pytest.raises(ListRejectedError, match=r"field label not supported: spec\.bogus"):
+        await asyncio.wait_for(r.run(), 60)
+    assert len(lw.list_calls()) == 1
+    assert not r.connected
 
 
 async def test_a_server_error_on_list_is_still_retried() -> None:
