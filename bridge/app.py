@@ -1,7 +1,8 @@
 """Builds the pipelines from settings and runs them with the health/metrics server.
 
 Start-up problems that a person must fix (a bad kind, a forbidden resource,
-an unreadable kubeconfig) raise at once with one line. Problems that may heal
+an unreadable kubeconfig) raise at once with one line; so does a LIST the API
+server rejects as malformed (a selector it does not support), whenever it comes. Problems that may heal
 (the bus or the API server unreachable) make the bridge not-ready and retry:
 the checkpoint never moves past what the bus acknowledged.
 """

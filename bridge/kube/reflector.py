@@ -497,7 +497,7 @@ class Reflector:
                     await self._backoff.wait(getattr(e, "retry_after", None))
                     continue
                 # Anything else (410, 5xx, 403...) ends the round: relist after backoff (checklist 9).
-                self._up()
+                self._up()  # opened
             watchdog = _Watchdog(s.idle_timeout, lambda: WatchStalledError("watch silent"))
             reason = "closed"
             retry_after: float | None = None
