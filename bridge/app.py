@@ -1,7 +1,8 @@
 """Builds the pipelines from settings and runs them with the health/metrics server.
 
 Start-up problems that a person must fix (a bad kind, a forbidden resource,
-an unreadable kubeconfig) raise at once with one line. Problems that may heal
+an unreadable kubeconfig) raise at once with one line; so does a LIST the API
+server rejects as malformed (a selector it does not support), whenever it comes. Problems that may heal
 (the bus or the API server unreachable) make the bridge not-ready and retry:
 the checkpoint never moves past what the bus acknowledged.
 """
@@ -23,8 +24,10 @@ from prometheus_client import CollectorRegistry
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import (
+    BridgeError,
     ConfigError,
     KubeConnectionError,
+    ResourceFailedError,
     ServerError,
     SinkUnavailableError,
     TooManyRequestsError,
@@ -194,7 +197,13 @@ class BridgeApp:
         # A standby replica (not leading) runs no pipelines and is ready to take over.
         if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
+        unhealthy_after = self.settings.informer.unhealthy_after
         for p in self.pipelines:
+            reflector = p.informer.reflector if p.informer is not None else None
+            down = reflector.down_for() if reflector is not None else 0.0
+            if reflector is not None and down >= unhealthy_after:
+                why = f": {reflector.last_error}" if reflector.last_error else ""
+                reasons.append(f"{p.label}: no working list/watch for {down:.0f}s{why}")
             if not p.has_synced():
                 reasons.append(f"{p.label}: not synced")
             if not p.sink_healthy:
@@ -362,9 +371,13 @@ class BridgeApp:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
         try:
             done, _ = await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t in tasks and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            for p, t in zip(self.pipelines, tasks, strict=True):
+                error = t.exception() if t in done and not t.cancelled() else None
+                if isinstance(error, BridgeError):
+                    # One line for the operator: which resource, and the server's reason.
+                    raise ResourceFailedError(f"resource {p.label}: {error}") from error
+                if error is not None:
+                    raise error
         finally:
             for t in [*tasks, *waiters]:
                 t.cancel()

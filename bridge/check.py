@@ -8,7 +8,9 @@ from typing import TextIO
 from bridge.errors import BridgeError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
-from bridge.settings import Settings, resources_for_shard
+from bridge.kube.listwatch import ListWatch
+from bridge.kube.protocols import ListOptions
+from bridge.settings import ResourceSettings, Settings, resources_for_shard
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -28,6 +30,32 @@ async def can_i(client: KubeClient, verb: str, info: ResourceInfo, namespace: st
         },
     )
     return bool((review.get("status") or {}).get("allowed"))
+
+
+async def trial_list(
+    client: KubeClient,
+    info: ResourceInfo,
+    namespace: str | None,
+    res: ResourceSettings,
+    timeout: float,
+) -> str | None:
+    """LIST one object the way ``run`` will (same selectors); why it fails, or None.
+
+    Access review says nothing about a selector the server rejects (400): only
+    the request itself does.
+    """
+    lw = ListWatch(
+        client,
+        info,
+        namespace=namespace,
+        label_selector=res.label_selector,
+        field_selector=res.field_selector,
+    )
+    try:
+        await asyncio.wait_for(lw.list(ListOptions(limit=1)), timeout)
+    except (BridgeError, TimeoutError) as e:
+        return str(e) or "timed out"
+    return None
 
 
 class _Report:
@@ -82,7 +110,14 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
                     except BridgeError as e:
                         report.fail(f"{what} {verb}", f"access review failed: {e}")
                         continue
-                    if allowed:
+                    problem = None
+                    if allowed and verb == "list":
+                        problem = await trial_list(client, info, ns, res, timeout)
+                    if problem is not None:
+                        report.fail(
+                            f"{what} {verb}", f"allowed {scope}, but the LIST fails: {problem}"
+                        )
+                    elif allowed:
                         report.ok(f"{what} {verb}", f"allowed {scope}")
                     else:
                         report.fail(

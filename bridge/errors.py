@@ -19,8 +19,10 @@ aiohttp, nats or aiokafka exception.
     │   │   ├── TooManyRequestsError    429 (retry_after)
     │   │   ├── ServerError             5xx
     │   │   └── TooLargeResourceVersionError  504 ResourceVersionTooLarge
+    │   ├── ListRejectedError       a LIST the server rejects as malformed (400): never retried
     │   └── DiscoveryError          the API does not serve what was asked
     │       └── UnknownKindError    apiVersion+kind not served
+    ├── ResourceFailedError         a resource's pipeline stopped for good; names the resource
     ├── SinkError                   publishing to the bus failed for good (auth, missing stream)
     │   └── SinkUnavailableError    the bus cannot be reached right now
     ├── PoisonEventError            the bus refused one event for good and the policy is "fail"
@@ -114,12 +116,22 @@ class TooLargeResourceVersionError(ServerError):
     code = 504
 
 
+class ListRejectedError(KubeError):
+    """The API server rejects the LIST itself (400), e.g. for a field selector the kind
+    does not support. client-go would retry it forever; the same request can never
+    succeed, so the bridge stops and says so instead of hanging silently."""
+
+
 class DiscoveryError(KubeError):
     """The API does not serve what was asked for."""
 
 
 class UnknownKindError(DiscoveryError):
     """No served resource matches the apiVersion and kind."""
+
+
+class ResourceFailedError(BridgeError):
+    """One resource's pipeline failed for good; the message names the resource and why."""
 
 
 class SinkError(BridgeError):

@@ -28,10 +28,13 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from bridge.changes import Change, ChangeKind, compile_paths, transform_paths
+from bridge.changes import Change, ChangeKind, PathNode, compile_paths, transform_paths
 from bridge.kube.objects import RawObject, meta
 
 REDACTED = "<redacted>"
+# kubectl apply keeps the whole applied manifest here, Secret values included.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_SECRET_VALUE_FIELDS = ("data", "stringData")
 SPECVERSION = "1.0"
 DATACONTENTTYPE = "application/json"
 CONTENT_TYPE = "application/cloudevents+json"
@@ -144,6 +147,34 @@ def _redact_values(value: Any) -> Any:
     return REDACTED
 
 
+def _redact_last_applied(value: Any) -> Any:
+    """The applied manifest with its data/stringData values redacted, keys kept.
+
+    Anything that does not parse as a JSON object cannot be redacted field by
+    field, so it goes whole: better a lost annotation than a leaked value.
+    """
+    if not isinstance(value, str):
+        return REDACTED
+    try:
+        manifest = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return REDACTED
+    if not isinstance(manifest, dict):
+        return REDACTED
+    for field in _SECRET_VALUE_FIELDS:
+        if field in manifest:
+            manifest[field] = _redact_values(manifest[field])
+    # kubectl ends the annotation with a newline; keep it, so only values differ.
+    tail = "\n" if value.endswith("\n") else ""
+    return orjson.dumps(manifest).decode() + tail
+
+
+def _annotation_trie(name: str) -> PathNode:
+    # Built by hand: annotation names contain dots, which dotted paths cannot spell.
+    leaf = PathNode(leaf=True)
+    return PathNode(keys={"metadata": PathNode(keys={"annotations": PathNode(keys={name: leaf})})})
+
+
 class EventBuilder:
     """Builds events for one resource. Everything per-resource is worked out here, once."""
 
@@ -176,7 +207,9 @@ class EventBuilder:
         self._subject_prefix = "k8s." + "".join(nats_token(t) + "." for t in tokens)
         # Secret values go; their keys stay, so consumers still see what changed shape.
         secret = kind == "Secret" and not group and redact_secrets
-        self._secret = compile_paths(["data", "stringData"]) if secret else None
+        self._secret = compile_paths(list(_SECRET_VALUE_FIELDS)) if secret else None
+        # Copies of those values elsewhere in the object (kubectl apply's record of them).
+        self._secret_copies = _annotation_trie(LAST_APPLIED) if secret else None
         self._mask = compile_paths(list(mask_paths)) if mask_paths else None
         # Last published object per key, for ``data.patch``; kept only when asked for.
         self._last: dict[str, RawObject] = {}
@@ -184,6 +217,8 @@ class EventBuilder:
     def redact(self, obj: RawObject) -> RawObject:
         if self._secret is not None:
             obj = transform_paths(obj, self._secret, _redact_values)
+        if self._secret_copies is not None:
+            obj = transform_paths(obj, self._secret_copies, _redact_last_applied)
         if self._mask is not None:
             obj = transform_paths(obj, self._mask, _masked)
         return obj

@@ -1,9 +1,13 @@
 """Structured logging: JSON lines for machines, a console renderer for people.
 
-``configure_logging`` is called once by the app with the ``logging`` settings;
+``configure_logging`` is called by the app with the ``logging`` settings;
 modules take a logger with ``get_logger(__name__)`` and log key/value pairs.
 Values under keys that look like credentials are replaced before rendering, so
 a token handed to a log call by mistake never reaches the output.
+
+Module loggers are made at import, long before the settings are read, so they
+are lazy: each assembles itself from the configuration in force at its use,
+and again after ``configure_logging`` runs anew.
 """
 
 from __future__ import annotations
@@ -63,8 +67,8 @@ def configure_logging(
 ) -> None:
     """Configure structlog (and route the stdlib's ``logging`` through the same output).
 
-    ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers are cached on
-    first use, so call this before the first log line.
+    ``auto`` renders JSON lines unless ``stream`` is a terminal. Loggers from
+    ``get_logger`` follow it from their next log line on, wherever they were made.
     """
     out = stream if stream is not None else sys.stderr
     numeric = logging.getLevelName(level.upper())
@@ -118,8 +122,44 @@ def _wants_colors(stream: TextIO) -> bool:
     return bool(callable(isatty) and isatty())
 
 
+class _LazyLogger:
+    """A structlog logger that binds its context when used, under the configuration then
+    in force; structlog's own lazy proxy would keep the first one it met for good."""
+
+    __slots__ = ("_context", "_factory", "_logger", "_processors", "_wrapper")
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        self._context = context
+        self._logger: Any = None
+        self._processors: object = None
+        self._wrapper: object = None
+        self._factory: object = None
+
+    def _current(self) -> Any:
+        # Any structlog.configure counts (configure_logging, reset_defaults,
+        # structlog.testing.capture_logs): each installs new objects.
+        config = structlog.get_config()
+        processors, wrapper = config["processors"], config["wrapper_class"]
+        factory = config["logger_factory"]
+        if (
+            self._logger is None
+            or processors is not self._processors
+            or wrapper is not self._wrapper
+            or factory is not self._factory
+        ):
+            self._logger = structlog.get_logger().bind(**self._context)
+            self._processors, self._wrapper, self._factory = processors, wrapper, factory
+        return self._logger
+
+    def bind(self, **values: Any) -> _LazyLogger:
+        return _LazyLogger({**self._context, **values})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._current(), name)
+
+
 def get_logger(name: str | None = None, **initial: Any) -> Any:
-    """A structlog logger bound to ``logger=name`` (and any initial key/values)."""
+    """A lazy logger bound to ``logger=name`` (and any initial key/values)."""
     if name is not None:
         initial = {"logger": name, **initial}
-    return structlog.get_logger().bind(**initial)
+    return _LazyLogger(initial)

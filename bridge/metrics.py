@@ -92,6 +92,13 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.watch_up = Gauge(
+            "watch_up",
+            "1 while a list/watch stream of the resource is established, else 0",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
         self.cache_objects = Gauge(
             "cache_objects",
             "Objects held in the informer cache",

@@ -48,6 +48,8 @@ class PipelineObserver:
         for p in self.pipelines:
             informer = p.informer
             reflector = informer.reflector if informer is not None else None
+            up = reflector is not None and reflector.connected
+            self.metrics.watch_up.labels(resource=p.label).set(1 if up else 0)
             if reflector is not None:
                 self._carry(
                     p.label, reflector.watch_restarts, self._restarts, self.metrics.watch_restarts

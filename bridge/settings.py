@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -36,6 +37,11 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigError
+from bridge.kube.selectors import (
+    SelectorError,
+    normalize_field_selector,
+    normalize_label_selector,
+)
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"
@@ -82,12 +88,16 @@ class ResourceSettings(_Section):
         "The Helm chart uses it to derive RBAC when lowercase+s is wrong.",
     )
     namespaces: list[str] = Field(default_factory=list, description="[] = all namespaces")
-    label_selector: str = ""
-    field_selector: str = ""
+    label_selector: str = Field(default="", description="e.g. app=web,tier in (a,b)")
+    field_selector: str = Field(default="", description="e.g. status.phase=Running")
     ignore_fields: list[str] = Field(
         default_factory=list, description="Dotted paths whose changes alone publish nothing"
     )
-    redact_secrets: bool = Field(default=True, description="Redact Secret data/stringData")
+    redact_secrets: bool = Field(
+        default=True,
+        description="Redact Secret data/stringData values, also in the last-applied-configuration "
+        "annotation",
+    )
     mask_paths: list[str] = Field(
         default_factory=list, description="Dotted paths replaced by a mask in published objects"
     )
@@ -101,6 +111,24 @@ class ResourceSettings(_Section):
         "permitted); omitted: sink.poisonPolicy",
     )
 
+    @field_validator("label_selector")
+    @classmethod
+    def _label_selector(cls, value: str) -> str:
+        try:
+            normalize_label_selector(value)
+        except SelectorError as e:
+            raise ValueError(f"is not a valid label selector: {e}") from None
+        return value
+
+    @field_validator("field_selector")
+    @classmethod
+    def _field_selector(cls, value: str) -> str:
+        try:
+            normalize_field_selector(value)
+        except SelectorError as e:
+            raise ValueError(f"is not a valid field selector: {e}") from None
+        return value
+
     @property
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
@@ -113,6 +141,14 @@ class ResourceSettings(_Section):
     def gvk(self) -> str:
         """``apiVersion/kind``: the identity used for sharding and logging."""
         return f"{self.api_version}/{self.kind}"
+
+    def selects(self) -> tuple[str, str, str]:
+        """What the entry selects besides namespaces; equal for equal selections."""
+        return (
+            self.gvk,
+            normalize_label_selector(self.label_selector),
+            normalize_field_selector(self.field_selector),
+        )
 
 
 # --- sink --------------------------------------------------------------------
@@ -220,6 +256,11 @@ class InformerSettings(_Section):
     watch_list: Literal["auto", "on", "off"] = "auto"
     resync_period: float | None = Field(default=None, gt=0)
     max_queued: int = Field(default=1000, gt=0)
+    unhealthy_after: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds without a working list/watch of a resource before /readyz says 503",
+    )
 
 
 class ServerSettings(_Section):
@@ -310,6 +351,24 @@ class Settings(BaseSettings):
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
 
+    @field_validator("resources")
+    @classmethod
+    def _no_resource_twice(cls, resources: list[ResourceSettings]) -> list[ResourceSettings]:
+        # Two entries watching the same objects would publish each change twice.
+        seen: dict[tuple[str, str, str], list[int]] = {}
+        for index, res in enumerate(resources):
+            for earlier in seen.setdefault(res.selects(), []):
+                overlap = _namespace_overlap(resources[earlier].namespaces, res.namespaces)
+                if overlap is not None:
+                    raise PydanticCustomError(
+                        "duplicate_resource",
+                        f"resources[{earlier}] and resources[{index}] both watch {res.gvk} "
+                        f"with the same selectors {overlap}: each change would be published "
+                        "twice; merge them or make their namespaces disjoint",
+                    )
+            seen[res.selects()].append(index)
+        return resources
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -323,6 +382,15 @@ class Settings(BaseSettings):
         # prefix (``SINK``, ``CLUSTER``); ours reads only BRIDGE_* and the same
         # way load_settings does.
         return (init_settings, _BridgeEnvSource(settings_cls))
+
+
+def _namespace_overlap(a: list[str], b: list[str]) -> str | None:
+    """Where two namespace lists (``[]`` = all) overlap, in words; None if they do not."""
+    if not a or not b:
+        shared = sorted(set(a or b))
+        return "in all namespaces" if not shared else f"in namespace {', '.join(shared)}"
+    common = sorted(set(a) & set(b))
+    return f"in namespace {', '.join(common)}" if common else None
 
 
 class _BridgeEnvSource(PydanticBaseSettingsSource):
@@ -634,6 +702,8 @@ def _describe(err: Any) -> str:
         return f"{key}: {value!r} is not one of {allowed}"
     if kind == "too_short" and loc == ("resources",):
         return "resources: at least one resource is required"
+    if kind == "duplicate_resource":
+        return str(err["msg"])
     message = str(err["msg"])
     if kind == "value_error":
         message = message.removeprefix("Value error, ")

@@ -97,7 +97,8 @@ def parse_field_selector(text: str | None, allowed: tuple[str, ...]) -> Matcher 
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         path, op, value = m.group(1), m.group(2), m.group(3)
         if path not in ("metadata.name", "metadata.namespace", *allowed):
-            raise bad_request(f'field label not supported: "{path}"')
+            # The API server's wording (k8s.io/kubernetes pkg/apis/core/v1/conversion.go).
+            raise bad_request(f"field label not supported: {path}")
         reqs.append((path, op == "!=", value))
 
     def matches(obj: dict[str, Any]) -> bool:

@@ -285,7 +285,7 @@ class Store:
         meta["generation"] = 1
         meta.pop("deletionTimestamp", None)
         stored = {k: v for k, v in body.items() if k not in ("kind", "apiVersion", "metadata")}
-        stored = {"metadata": meta, **stored}
+        stored = _fold_string_data(res, {"metadata": meta, **stored})
         if res.kind == "Namespace":
             stored.setdefault("spec", {"finalizers": ["kubernetes"]})
             stored.setdefault("status", {"phase": "Active"})
@@ -314,7 +314,7 @@ class Store:
             else:
                 meta.pop(fixed, None)
         stored = {k: v for k, v in body.items() if k not in ("kind", "apiVersion", "metadata")}
-        stored = {"metadata": meta, **stored}
+        stored = _fold_string_data(res, {"metadata": meta, **stored})
         if stored == old:
             return old
         if _spec_of(stored) != _spec_of(old):
@@ -388,6 +388,21 @@ class Store:
         for rec in records[lo:]:
             if rec.res is watcher.res:
                 watcher.offer(rec)
+
+
+def _fold_string_data(res: ResourceType, body: Body) -> Body:
+    """A Secret's ``stringData`` merged into ``data`` (base64) and never stored, as the
+    API server does; so the plain text of a Secret lives on only where a client
+    copied it, e.g. kubectl apply's last-applied-configuration annotation."""
+    if res.group or res.kind != "Secret" or "stringData" not in body:
+        return body
+    body = dict(body)
+    plain = body.pop("stringData") or {}
+    data = dict(body.get("data") or {})
+    for key, value in plain.items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    body["data"] = data
+    return body
 
 
 def _spec_of(body: Body) -> Body:

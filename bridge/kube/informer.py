@@ -28,8 +28,6 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import structlog
-
 from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import (
     DeletedFinalStateUnknown,
@@ -39,6 +37,7 @@ from bridge.kube.objects import (
     resource_version,
 )
 from bridge.kube.store import Indexer, IndexerError, IndexFunc
+from bridge.logging import get_logger
 
 if TYPE_CHECKING:
     from bridge.kube.protocols import ListerWatcher
@@ -51,7 +50,7 @@ __all__ = [
     "slim_record",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SlimFunc = Callable[[RawObject], str]
 

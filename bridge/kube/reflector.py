@@ -6,6 +6,14 @@ re-opened from the last seen resourceVersion, a 410 relists, other failures
 back off and relist. Semantics follow ``tools/cache/reflector.go`` and
 ``tools/pager/pager.go``; the statement numbers in comments refer to
 INFORMER-CHECKLIST.md.
+
+Two departures, because a bridge that retries in silence looks healthy while
+it publishes nothing: a failing list/watch is logged (at its first failure,
+then at most every ``warn_every`` seconds with the count since) and its state
+(``connected``, ``down_for``) is kept for readiness and metrics; and a LIST the
+server rejects as malformed (400, e.g. a field selector the kind does not
+support) is not retried but raised as ``ListRejectedError``: the same request
+can never succeed.
 """
 
 from __future__ import annotations
@@ -20,13 +28,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-import structlog
-
 from bridge.errors import (
     ApiStatusError,
+    BadRequestError,
     ExpiredError,
     KubeConnectionError,
     KubeError,
+    ListRejectedError,
     TooLargeResourceVersionError,
     TooManyRequestsError,
     WatchStalledError,
@@ -40,8 +48,9 @@ from bridge.kube.objects import (
     namespace_key,
 )
 from bridge.kube.protocols import ListerWatcher, ListOptions, ReflectorStore, WatchOptions
+from bridge.logging import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,8 @@ class ReflectorSettings:
     # cache: a consumer whose cache may be ahead of the cache's RV (restored from a
     # checkpoint) must not mistake a lagging list for deletes.
     consistent_first_list: bool = False
+    # A failing list/watch logs a warning at its first failure, then at most this often.
+    warn_every: float = 30.0
 
 
 class VeryShortWatchError(KubeError):
@@ -172,6 +183,15 @@ class Reflector:
         self.relists: collections.Counter[str] = collections.Counter()
         self.watch_restarts: collections.Counter[str] = collections.Counter()
         self._log = log.bind(reflector=self.name)
+        # Health: whether a list/watch stream is established, and when one last was
+        # (loop time); what failed last; failed attempts in all and not yet logged.
+        self.connected = False
+        self.last_healthy = _loop_time_or(0.0)
+        self.last_error = ""
+        self.failures = 0
+        self._unlogged = 0
+        self._last_warning = -_INF
+        self._warned = False
 
     # -- state ------------------------------------------------------------
 
@@ -187,6 +207,52 @@ class Reflector:
     def has_synced_once(self) -> bool:
         """True once a list (or streamed list) has replaced the store."""
         return self._synced
+
+    def down_for(self, now: float | None = None) -> float:
+        """Seconds without an established list/watch stream; 0 while one is."""
+        if self.connected:
+            return 0.0
+        return max(0.0, (_loop_time() if now is None else now) - self.last_healthy)
+
+    def _up(self) -> None:
+        """A LIST answered or a watch opened."""
+        now = _loop_time()
+        if not self.connected and self._warned:
+            self._log.info(
+                "list/watch working again",
+                failures=self._unlogged,
+                down_seconds=round(now - self.last_healthy, 1),
+            )
+            self._unlogged = 0
+        self._warned = False
+        self.connected = True
+        self.last_healthy = now
+
+    def _lost(self) -> None:
+        """The stream ended; not a failure by itself (the next attempt tells)."""
+        if self.connected:
+            self.connected = False
+            self.last_healthy = _loop_time()
+
+    def _failed(self, e: BaseException) -> None:
+        """A list/watch attempt failed: logged at once, then at most every ``warn_every`` s."""
+        self._lost()
+        now = _loop_time()
+        self.failures += 1
+        self._unlogged += 1
+        self.last_error = str(e) or type(e).__name__
+        if now - self._last_warning < self.settings.warn_every:
+            return
+        self._log.warning(
+            "list/watch failing",
+            error=self.last_error,
+            kind=type(e).__name__,
+            failures=self._unlogged,
+            down_seconds=round(now - self.last_healthy, 1),
+        )
+        self._unlogged = 0
+        self._last_warning = now
+        self._warned = True
 
     @property
     def uses_watch_list(self) -> bool:
@@ -206,7 +272,8 @@ class Reflector:
     # -- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        """ListAndWatch until cancelled; failures back off and retry, never escape."""
+        """ListAndWatch until cancelled; failures back off and retry, except a rejected LIST."""
+        self.last_healthy = _loop_time()
         resync: asyncio.Task[None] | None = None
         if self._resync_period:
             resync = asyncio.create_task(self._resync_loop(), name=f"resync {self.name}")
@@ -215,11 +282,19 @@ class Reflector:
                 retry_after: float | None = None
                 try:
                     await self._list_and_watch()
+                except ListRejectedError as e:
+                    self._failed(e)
+                    raise
                 except KubeError as e:
                     self._relist_reason = _relist_reason(e)
                     if isinstance(e, ApiStatusError):
                         retry_after = e.retry_after
-                    self._log.warning("list/watch failed", error=str(e), kind=type(e).__name__)
+                    if isinstance(e, ExpiredError | TooLargeResourceVersionError):
+                        # Checklist 8: a compacted RV is routine; the relist heals it.
+                        self._lost()
+                        self._log.info("relisting", error=str(e))
+                    else:
+                        self._failed(e)
                 await self._backoff.wait(retry_after)
         finally:
             if resync is not None:
@@ -253,7 +328,10 @@ class Reflector:
                 if self.uses_watch_list:
                     events = await self._watch_list(stack)
                 if events is None:
-                    await self._list()
+                    try:
+                        await self._list()
+                    except BadRequestError as e:
+                        raise ListRejectedError(f"the API server rejected the LIST: {e}") from e
             await self._watch(events, stack)
 
     # -- LIST -------------------------------------------------------------
@@ -270,6 +348,7 @@ class Reflector:
             # Checklist 2: that RV is gone (or not yet there): list the latest instead.
             self._rv_unavailable = True
             items, list_rv, paginated = await self._paged_list("", page_size)
+        self._up()
         if rv == "0" and paginated:
             # The watch cache did not serve "0": keep paginating later relists.
             self._paginated_result = True
@@ -324,9 +403,11 @@ class Reflector:
             attempt = AsyncExitStack()
             try:
                 events = await attempt.enter_async_context(self._lw.watch(options))
+                self._up()
                 items, bookmark_rv = await self._initial_events(events, auto)
             except (KubeConnectionError, TooManyRequestsError) as e:
                 await attempt.aclose()
+                self._failed(e)
                 self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
                 await self._backoff.wait(getattr(e, "retry_after", None))
                 continue
@@ -415,10 +496,12 @@ class Reflector:
                 except (KubeConnectionError, TooManyRequestsError) as e:
                     # Checklist 10: the server is busy or away; our RV is still good.
                     await stack.aclose()
+                    self._failed(e)
                     self.watch_restarts[_restart_reason(e)] += 1
                     await self._backoff.wait(getattr(e, "retry_after", None))
                     continue
                 # Anything else (410, 5xx, 403...) ends the round: relist after backoff (checklist 9).
+                self._up()  # opened
             watchdog = _Watchdog(s.idle_timeout, lambda: WatchStalledError("watch silent"))
             reason = "closed"
             retry_after: float | None = None
@@ -437,6 +520,8 @@ class Reflector:
             finally:
                 await stack.aclose()
                 events = None
+            if reason != "closed":
+                self._lost()
             if watchdog.count == 0 and loop.time() - start < s.short_watch and reason != "stalled":
                 raise VeryShortWatchError(
                     f"watch closed after {loop.time() - start:.3f}s with no events"
@@ -488,6 +573,13 @@ class Reflector:
 def _loop_time() -> float:
     # The loop's clock, so fake-time test loops drive the backoff reset too.
     return asyncio.get_running_loop().time()
+
+
+def _loop_time_or(default: float) -> float:
+    try:
+        return _loop_time()
+    except RuntimeError:  # built outside a loop; run() sets the start time
+        return default
 
 
 def _restart_reason(e: BaseException) -> str:

@@ -7,7 +7,6 @@ documents, and kubectl's client-side validation needs them.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import orjson
 import pytest
 
 from bridge.emulator import Emulator
+from tests.e2e.kubectl import kubectl, kubectl_env
 
 pytestmark = [
     pytest.mark.e2e,
@@ -43,29 +43,6 @@ kind: Widget
 metadata: {name: w1}
 spec: {size: SIZE}
 """
-
-
-def _env(tmp_path: Path, kubeconfig: Path) -> dict[str, str]:
-    # A private HOME keeps kubectl's discovery cache out of the user's.
-    return {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)}
-
-
-async def kubectl(tmp_path: Path, kubeconfig: Path, *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        "kubectl",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_env(tmp_path, kubeconfig),
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
-    return out.decode()
 
 
 async def test_kubectl_get_lists_objects_as_table_and_json(
@@ -146,7 +123,7 @@ async def test_kubectl_get_watch_sees_a_change_arrive(
         "-w",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_env(tmp_path, kubeconfig),
+        env=kubectl_env(tmp_path, kubeconfig),
     )
     stdout = proc.stdout
     assert stdout is not None

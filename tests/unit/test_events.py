@@ -12,7 +12,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.v1.http import from_json
 
 from bridge.changes import Change, ChangeDetector, ChangeKind, Fingerprinter
-from bridge.events import REDACTED, EventBuilder, nats_token
+from bridge.events import LAST_APPLIED, REDACTED, EventBuilder, nats_token
 from bridge.kube.objects import DeletedFinalStateUnknown
 
 FIXED = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -177,6 +177,63 @@ def test_secret_values_never_reach_the_bytes_but_keys_stay() -> None:
         assert obj["stringData"] == {"token": REDACTED}
         assert obj["type"] == "Opaque"
     assert old["data"]["password"] == "aHVudGVyMg=="  # the input is untouched
+
+
+def applied_secret(annotation: str) -> dict[str, Any]:
+    obj = secret()
+    obj["metadata"]["annotations"] = {LAST_APPLIED: annotation, "team": "db"}
+    return obj
+
+
+def test_secret_values_in_the_last_applied_annotation_are_redacted_keys_kept() -> None:
+    """kubectl apply copies the manifest, values included, into an annotation."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "prod"},
+        "data": {"password": "aHVudGVyMg=="},
+        "stringData": {"token": "plain-s3cr3t"},
+        "type": "Opaque",
+    }
+    annotation = orjson.dumps(manifest).decode() + "\n"
+    b = builder(kind="Secret", plural="secrets", include_old=True, patch=True)
+    old = applied_secret(annotation)
+    new = applied_secret(annotation.replace("plain-s3cr3t", "plain-n3w"))
+    new["metadata"]["resourceVersion"] = "4"
+    events = [b.build(c) for c in detector.on_add(old, None)]
+    events += [b.build(c) for c in detector.on_update(old, new)]
+    events += [b.build(c) for c in detector.on_delete(new)]
+    events += [b.build(c) for c in detector.on_delete(DeletedFinalStateUnknown("prod/db", new))]
+    for e in events:
+        raw = e.to_json()
+        for value in ("aHVudGVyMg==", "plain-s3cr3t", "plain-n3w"):
+            assert value.encode() not in raw
+        annotations = orjson.loads(raw)["data"]["object"]["metadata"]["annotations"]
+        assert annotations["team"] == "db"
+        assert annotations[LAST_APPLIED].endswith("\n")
+        applied = orjson.loads(annotations[LAST_APPLIED])
+        assert applied == {
+            **manifest,
+            "data": {"password": REDACTED},
+            "stringData": {"token": REDACTED},
+        }
+    assert LAST_APPLIED in old["metadata"]["annotations"]  # the input is untouched
+    assert "plain-s3cr3t" in old["metadata"]["annotations"][LAST_APPLIED]
+
+
+@pytest.mark.parametrize("annotation", ['{"data": {"password": "aHVudGVyMg=="', "[1]", "x"])
+def test_a_last_applied_annotation_that_does_not_parse_is_redacted_whole(annotation: str) -> None:
+    b = builder(kind="Secret", plural="secrets")
+    e = b.build(detector.on_add(applied_secret(annotation), None)[0])
+    annotations = e.data["object"]["metadata"]["annotations"]
+    assert annotations == {LAST_APPLIED: REDACTED, "team": "db"}
+
+
+def test_last_applied_annotation_of_other_kinds_is_left_alone() -> None:
+    obj = pod()
+    obj["metadata"]["annotations"] = {LAST_APPLIED: '{"spec": {"x": 1}}\n'}
+    e = builder().build(detector.on_add(obj, None)[0])
+    assert e.data["object"]["metadata"]["annotations"][LAST_APPLIED] == '{"spec": {"x": 1}}\n'
 
 
 def test_secret_redaction_can_be_turned_off() -> None:

@@ -162,6 +162,77 @@ def test_renew_deadline_must_be_below_lease_duration(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (
+            "labelSelector",
+            "app in (a,",
+            "config error: resources[0].labelSelector: 'app in (a,' is not a valid label "
+            "selector: the 'in' list is not closed with ')'",
+        ),
+        (
+            "fieldSelector",
+            "status.phase",
+            "config error: resources[0].fieldSelector: 'status.phase' is not a valid field "
+            "selector: 'status.phase' has no '=', '==' or '!='",
+        ),
+    ],
+)
+def test_bad_selector_syntax_is_one_line_naming_the_key(
+    tmp_path: Path, key: str, value: str, expected: str
+) -> None:
+    data = {**MINIMAL, "resources": [{"apiVersion": "v1", "kind": "Pod", key: value}]}
+    assert error_of(write(tmp_path, data)) == expected
+
+
+def test_selectors_the_server_may_reject_for_the_kind_still_load(tmp_path: Path) -> None:
+    """Which fields a kind can be selected by is the API server's to say, at run time."""
+    data = {
+        **MINIMAL,
+        "resources": [{"apiVersion": "v1", "kind": "Pod", "fieldSelector": "spec.bogus=1"}],
+    }
+    assert load_settings(write(tmp_path, data)).resources[0].field_selector == "spec.bogus=1"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "where"),
+    [
+        ({}, {}, "in all namespaces"),
+        ({"namespaces": ["a", "b"]}, {"namespaces": ["c", "b"]}, "in namespace b"),
+        ({}, {"namespaces": ["x"]}, "in namespace x"),
+        ({"labelSelector": "a=1,b"}, {"labelSelector": "b, a==1"}, "in all namespaces"),
+    ],
+)
+def test_the_same_resource_twice_is_one_line_naming_both_indexes(
+    tmp_path: Path, first: dict[str, Any], second: dict[str, Any], where: str
+) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod"}
+    resources = [{**pod, **first}, {"apiVersion": "v1", "kind": "Secret"}, {**pod, **second}]
+    message = error_of(write(tmp_path, {**MINIMAL, "resources": resources}))
+    assert message == (
+        f"config error: resources[0] and resources[2] both watch v1/Pod with the same "
+        f"selectors {where}: each change would be published twice; merge them or make their "
+        "namespaces disjoint"
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"namespaces": ["a"]}, {"namespaces": ["b"]}),
+        ({"labelSelector": "tier=web"}, {"labelSelector": "tier=db"}),
+        ({"fieldSelector": "status.phase=Running"}, {}),
+    ],
+)
+def test_the_same_kind_with_disjoint_scope_or_other_selectors_is_fine(
+    tmp_path: Path, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod"}
+    data = {**MINIMAL, "resources": [{**pod, **first}, {**pod, **second}]}
+    assert len(load_settings(write(tmp_path, data)).resources) == 2
+
+
 def test_missing_resources(tmp_path: Path) -> None:
     message = error_of(write(tmp_path, {"sink": {"kind": "stdout"}}))
     assert message.startswith("config error: resources: required key is missing")

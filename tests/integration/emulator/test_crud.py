@@ -198,3 +198,20 @@ async def test_access_review_allowed_unless_forbidden(emulator: Emulator) -> Non
         async with http.post(url, json=review) as r:
             denied = (await r.json())["status"]["allowed"]
     assert allowed is True and denied is False
+
+
+async def test_secret_string_data_is_folded_into_data_and_not_stored(emulator: Emulator) -> None:
+    """As the API server does: stringData is write-only, merged into data as base64."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": "default"},
+        "data": {"user": "YWRtaW4=", "token": "b2xk"},
+        "stringData": {"token": "s3cr3t"},
+    }
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.post("/api/v1/namespaces/default/secrets", json=body) as r:
+            assert r.status == 201
+            created = await r.json()
+    assert "stringData" not in created
+    assert created["data"] == {"user": "YWRtaW4=", "token": "czNjcjN0"}

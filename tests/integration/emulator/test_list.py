@@ -168,3 +168,6 @@ async def test_field_selectors_on_pods(emulator: Emulator) -> None:
         assert (code, _names(body)) == (200, expected), selector
     code, st = await _get(emulator, "/api/v1/pods", fieldSelector="spec.bogus=x")
     assert code == 400 and st["reason"] == "BadRequest"
+    assert st["message"] == "field label not supported: spec.bogus"
+    code, st = await _get(emulator, "/api/v1/pods", fieldSelector="status.phase")
+    assert code == 400 and "can't understand" in st["message"]

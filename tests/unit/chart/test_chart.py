@@ -78,7 +78,8 @@ CLUSTER_WIDE: dict[str, Any] = {
             {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass"},
             {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget"},
             {"apiVersion": "v1", "kind": "Pod"},
-            {"apiVersion": "v1", "kind": "Pod", "namespaces": ["x"]},  # same rule, once
+            # Same kind again (other selectors: a config the bridge accepts): one rule.
+            {"apiVersion": "v1", "kind": "Pod", "namespaces": ["x"], "labelSelector": "tier=web"},
         ],
         "sink": {"kind": "stdout"},
     },

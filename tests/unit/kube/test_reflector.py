@@ -12,12 +12,14 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import structlog
 
 from bridge.errors import (
     BadRequestError,
     ExpiredError,
     ForbiddenError,
     KubeConnectionError,
+    ListRejectedError,
     ServerError,
     TooLargeResourceVersionError,
     TooManyRequestsError,
@@ -561,3 +563,67 @@ async def test_checklist_18_watch_list_off_never_streams() -> None:
     async with running(r):
         await until(lambda: len(lw.watch_calls()) == 1)
     assert lw.watch_calls()[0].send_initial_events is None
+
+
+# -- not failing silently ---------------------------------------------------
+
+
+async def test_a_failing_list_watch_warns_at_once_then_every_30s_with_the_count() -> None:
+    lw = ScriptedListerWatcher()
+    lw.add_list(list_response([], 10))
+    lw.add_watch(*[KubeConnectionError("connection refused")] * 7, [HANG])
+    r = Reflector(lw, RecordingStore(), settings=OFF, rng=lambda: 0.0)
+    with structlog.testing.capture_logs() as logs:
+        async with running(r):
+            await until(lambda: len(lw.watch_calls()) == 1)
+            assert r.connected is False  # the first watch is still opening
+            await until(lambda: r.failures == 1)
+            assert not r.connected and r.last_error == "connection refused"
+            began = now()
+            await until(lambda: lw.open_streams == 1)
+            assert r.connected and r.down_for() == 0
+            down = now() - began
+    # Backoff 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30 s: failures at 0, 0.8, 2.4, 5.6, 12, 24.8,
+    # 50.4; the watch opens at 80.4. Warnings at 0 (1 failure) and 50.4 (6 since).
+    assert down == pytest.approx(80.4, abs=0.1)
+    warnings = [e for e in logs if e["event"] == "list/watch failing"]
+    assert [w["failures"] for w in warnings] == [1, 6]
+    assert all(
+        w["log_level"] == "warning" and w["reflector"] == "ScriptedListerWatcher" for w in warnings
+    )
+    back = [e for e in logs if e["event"] == "list/watch working again"]
+    assert len(back) == 1 and back[0]["failures"] == 0
+
+
+async def test_down_for_counts_from_when_the_stream_was_lost() -> None:
+    lw = ScriptedListerWatcher()
+    lw.add_list(list_response([], 10))
+    lw.add_watch([Pause(5), KubeConnectionError("reset")], *[KubeConnectionError("refused")] * 3)
+    r = Reflector(lw, RecordingStore(), settings=OFF, rng=lambda: 0.0)
+    async with running(r):
+        await until(lambda: lw.open_streams == 1)
+        opened = now()
+        assert r.connected and r.down_for() == 0
+        await until(lambda: r.failures == 3)
+        assert not r.connected
+        assert r.down_for() == pytest.approx(now() - (opened + 5), abs=0.1)
+
+
+async def test_a_list_the_server_rejects_as_malformed_is_raised_not_retried() -> None:
+    """Not client-go: a 400 on LIST (a bad selector) can never succeed; retrying hangs silently."""
+    lw = ScriptedListerWatcher()
+    lw.add_list(BadRequestError("field label not supported: spec.bogus"), list_response([], 5))
+    r = Reflector(lw, RecordingStore(), settings=OFF)
+    with pytest.raises(ListRejectedError, match=r"field label not supported: spec\.bogus"):
+        await asyncio.wait_for(r.run(), 60)
+    assert len(lw.list_calls()) == 1
+    assert not r.connected
+
+
+async def test_a_server_error_on_list_is_still_retried() -> None:
+    lw = ScriptedListerWatcher()
+    lw.add_list(ServerError("etcdserver: request timed out"), list_response([], 5))
+    r = Reflector(lw, RecordingStore(), settings=OFF)
+    async with running(r):
+        await until(lambda: len(lw.watch_calls()) == 1)
+    assert len(lw.list_calls()) == 2
