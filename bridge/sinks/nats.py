@@ -378,7 +378,7 @@ class NatsSink:
         for e in events:
             if not e.nats_subject:
                 raise SinkError(f"event {e.id} has no NATS subject")
-            messages.append((e.nats_subject, e.to_json(), {MSG_ID: e.id}))
+            messages.append((e.nats_subject, e.to_json(), {MSG_ID: e.msg_id or e.id}))
         # One batch at a time keeps per-subject order across concurrent callers.
         async with self._lock:
             await self._publish_with_retries(nc, publisher, messages)
