@@ -116,7 +116,8 @@ def _matches(event: ReceivedEvent, resource: str | None) -> bool:
     return event.type.startswith(f"io.k8s.{group or 'core'}.{version}.")
 
 
-def _nats_tls(settings: Settings) -> ssl.SSLContext | None:
+def nats_tls(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context ``sink.nats.tls`` asks for, for whoever reads the stream back."""
     tls = settings.sink.nats.tls
     if tls is None:
         return None
@@ -138,7 +139,7 @@ async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator
         n.servers,
         credentials=n.credentials,
         nkey_seed=n.nkey_seed,
-        tls=_nats_tls(settings),
+        tls=nats_tls(settings),
         name="k8s-bridge-tail",
     )
     try:

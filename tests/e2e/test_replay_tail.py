@@ -1,16 +1,16 @@
 """``k8s-bridge replay`` and ``k8s-bridge tail`` as processes, against the emulator and real buses.
 
-Replay within history is read back from JetStream. JetStream drops a message
-whose ``Nats-Msg-Id`` it saw within the stream's duplicate window, which is
-exactly what lets consumers recognise a replayed event; to see the replayed
-copies on the stream at all, the test creates the stream with a 1 s window
-and replays after it has passed. The copies then sit next to the originals
-and their ids can be compared one by one.
+Replay re-publishes events with their original CloudEvent ids, so consumers
+recognise them, but with a ``Nats-Msg-Id`` of the replay run: the originals
+(and earlier replays) are still inside JetStream's duplicate window, which
+would otherwise drop every copy. So replayed copies land next to the
+originals and the tests compare them one by one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import sys
 import time
@@ -37,8 +37,6 @@ from tests.e2e.bridge_process import (
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
-
-DUPLICATE_WINDOW = 1.0
 
 
 def pod(name: str, ns: str = "default") -> dict[str, Any]:
@@ -120,10 +118,20 @@ async def create_stream(url: str, duplicate_window: float) -> None:
 # -- replay ------------------------------------------------------------------------
 
 
+def replay_run(err: str) -> str:
+    """The run id a replay printed (``... (replay run R)``)."""
+    match = re.search(r"\(replay run ([0-9a-f]+)[;)]", err)
+    assert match, err
+    return match.group(1)
+
+
+def of_run(events: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    return [e for e in events if (e["_msg_id"] or "").endswith(f":replay:{run}")]
+
+
 async def test_replay_within_history_republishes_the_same_events_with_the_same_ids(
     config: Path, emulator: Emulator, nats_control: NatsServer
 ) -> None:
-    await create_stream(nats_control.url, DUPLICATE_WINDOW)
     emulator.create(pod("a"))
     bridge = BridgeProcess(config)
     await bridge.start()
@@ -153,7 +161,6 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
         ("Pod", "modified", "default/a"),
         ("Pod", "deleted", "default/b"),
     ]
-    await asyncio.sleep(DUPLICATE_WINDOW + 0.2)  # past the window: the copies are kept
 
     started = time.monotonic()
     rc, _, err = await cli(
@@ -162,9 +169,10 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
     took = time.monotonic() - started
     assert rc == 0, err
     assert f"replayed 3 change(s) of pods after resourceVersion {mid}" in err
+    run = replay_run(err)
     replayed = (await jetstream_events(nats_control.url))[len(first) :]
     assert [e["id"] for e in replayed] == [e["id"] for e in after_mid]
-    assert [e["_msg_id"] for e in replayed] == [e["id"] for e in after_mid]
+    assert [e["_msg_id"] for e in replayed] == [f"{e['id']}:replay:{run}" for e in after_mid]
     assert [e["_subject"] for e in replayed] == [e["_subject"] for e in after_mid]
     for old, new in zip(after_mid, replayed, strict=True):
         assert new["data"] == old["data"]
@@ -173,10 +181,10 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
     print(f"replay of 3 changes within history: {took:.2f}s (process start included)")
 
 
-async def test_replay_within_the_duplicate_window_is_dropped_by_jetstream(
+async def test_replay_twice_within_the_duplicate_window_stores_both_runs_and_counts_them(
     config: Path, emulator: Emulator, nats_control: NatsServer
 ) -> None:
-    """What makes the ids worth keeping: a consumer (here JetStream) recognises each copy."""
+    """Issue 9: JetStream dropped replays as redeliveries while replay claimed them all."""
     emulator.create(pod("a"))
     bridge = BridgeProcess(config)
     await bridge.start()
@@ -192,18 +200,23 @@ async def test_replay_within_the_duplicate_window_is_dropped_by_jetstream(
         await until(published, 20, bridge.tail_log)
     finally:
         assert await bridge.stop() == 0
-    rc, _, err = await cli(
-        "replay",
-        "--config",
-        str(config),
-        "--resource",
-        "v1/Pod",
-        "--from-resource-version",
-        str(mid),
-    )
-    assert rc == 0, err
-    assert "replayed 2 change(s)" in err
-    assert len(await jetstream_events(nats_control.url)) == 3
+    originals = (await jetstream_events(nats_control.url))[1:]
+    args = ("--config", str(config), "--resource", "v1/Pod", "--from-resource-version", str(mid))
+    # Both runs within the stream's duplicate window (2 minutes) of the originals and each other.
+    rc1, _, err1 = await cli("replay", *args)
+    rc2, _, err2 = await cli("replay", *args)
+    assert (rc1, rc2) == (0, 0), err1 + err2
+    for err in (err1, err2):
+        assert f"replayed 2 change(s) of pods after resourceVersion {mid}" in err
+        assert "dropped" not in err
+    stream = await jetstream_events(nats_control.url)
+    assert len(stream) == 3 + 2 + 2
+    runs = [replay_run(err1), replay_run(err2)]
+    assert runs[0] != runs[1]
+    for run in runs:
+        copies = of_run(stream, run)
+        assert [e["id"] for e in copies] == [e["id"] for e in originals]
+        assert [e["data"] for e in copies] == [e["data"] for e in originals]
 
 
 async def test_replay_after_compaction_publishes_the_checkpoint_diff_and_leaves_it_alone(
