@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from bridge.configured import find_resource
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import nats_token
 from bridge.logging import get_logger
@@ -249,7 +250,13 @@ async def tail(
     out: TextIO,
     as_json: bool = True,
 ) -> int:
-    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``."""
+    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``.
+
+    ``resource`` must be a configured one: anything else would wait forever
+    for events that the bridge never publishes.
+    """
+    if resource:
+        find_resource(settings, resource)
     seen = 0
     events = consume(settings, resource=resource, from_start=from_start)
     stopper = asyncio.create_task(stop.wait())

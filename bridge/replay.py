@@ -28,7 +28,7 @@ from typing import TextIO
 from bridge.app import build_checkpoints, build_sink, event_builder, resource_id
 from bridge.changes import Change, ChangeDetector, Fingerprinter, object_from_digest
 from bridge.checkpoints.base import Checkpoint
-from bridge.configured import find_resource
+from bridge.configured import find_resource, pick_namespace
 from bridge.errors import ConfigError, ExpiredError, status_error
 from bridge.events import Event, EventBuilder
 from bridge.kube.client import KubeClient
@@ -122,13 +122,7 @@ async def replay(
     """
     res = find_resource(settings, wanted)
     from_rv = _positive_rv(from_rv)
-    if res.namespaces and namespace is None:
-        if len(res.namespaces) > 1:
-            raise ConfigError(
-                f"config error: --namespace is required: {res.kind} is configured for "
-                f"namespaces {', '.join(res.namespaces)}"
-            )
-        namespace = res.namespaces[0]
+    namespace = pick_namespace(res, namespace)
     run_id = secrets.token_hex(4)
     client = await KubeClient.from_kubeconfig(settings.cluster.kubeconfig, settings.cluster.context)
     injected = sink is not None
@@ -138,6 +132,11 @@ async def replay(
         counter = AckedCounter() if injected else _stored_counter(settings, out.suffix)
     try:
         info = await Discovery(client).resolve(res.api_version, res.kind)
+        if namespace and not info.namespaced:
+            raise ConfigError(
+                f"config error: --namespace {namespace!r}: {res.api_version}/{res.kind} is "
+                "cluster-scoped"
+            )
         lw = ListWatch(
             client,
             info,
@@ -156,13 +155,16 @@ async def replay(
                 f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}{note}\n"
             )
         except ExpiredError:
-            rid = resource_id(info, namespace, res)
+            # The checkpoint is kept per configured scope: all namespaces in one, or one each.
+            rid = resource_id(info, namespace if res.namespaces else None, res)
             err.write(
                 f"resourceVersion {from_rv} of {info.plural} is no longer available on the "
                 f"API server (compacted); publishing the difference between the current state "
                 f"and the checkpoint of {rid} instead\n"
             )
-            await _replay_diff(settings, lw, info, rid, builder, detector, out, err)
+            # One namespace of an all-namespaces checkpoint: only its digests take part.
+            only = namespace if not res.namespaces else None
+            await _replay_diff(settings, lw, info, rid, only, builder, detector, out, err)
             n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
             err.write(f"published {n} change(s) of {info.plural} from a relist diff{note}\n")
         return 0
@@ -275,6 +277,7 @@ async def _replay_diff(
     lw: ListWatch,
     info: ResourceInfo,
     rid: str,
+    only_namespace: str | None,
     builder: EventBuilder,
     detector: ChangeDetector,
     out: _RunPublisher,
@@ -282,6 +285,8 @@ async def _replay_diff(
 ) -> None:
     checkpoint = await _load_checkpoint(settings, rid, err)
     digests = dict(checkpoint.digests) if checkpoint else {}
+    if only_namespace:
+        digests = {k: d for k, d in digests.items() if k.startswith(f"{only_namespace}/")}
     items, _ = await _list_all(lw, ListOptions(limit=500))
     changes: list[Change] = []
     for obj in items:

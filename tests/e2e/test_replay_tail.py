@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from cloudevents.v1.http import from_json
 
 from bridge.changes import ChangeDetector, Fingerprinter
@@ -291,6 +292,102 @@ async def test_replay_from_a_resource_version_that_is_not_one_exits_2(config: Pa
     assert len(err.strip().splitlines()) == 1 and "--from-resource-version '0'" in err
 
 
+def with_resources(config: Path, resources: list[dict[str, Any]]) -> Path:
+    doc = yaml.safe_load(config.read_text())
+    doc["resources"] = resources
+    config.write_text(yaml.safe_dump(doc))
+    return config
+
+
+async def test_replay_of_a_namespace_not_configured_exits_2_and_publishes_nothing(
+    config: Path, nats_control: NatsServer
+) -> None:
+    """Issue 9: it published every pod of that namespace as a spurious ``added``."""
+    with_resources(config, [{"apiVersion": "v1", "kind": "Pod", "namespaces": ["a", "b"]}])
+    rc, out, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Pod",
+        "--namespace",
+        "x",
+        "--from-resource-version",
+        "5",
+    )
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--namespace 'x'" in lines[0] and "configured namespaces: a, b" in lines[0]
+    assert await jetstream_events(nats_control.url) == []
+
+
+async def test_replay_with_a_namespace_of_a_cluster_scoped_resource_exits_2(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    with_resources(config, [{"apiVersion": "v1", "kind": "Node"}])
+    rc, _, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Node",
+        "--namespace",
+        "default",
+        "--from-resource-version",
+        "1",
+    )
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--namespace 'default'" in lines[0] and "v1/Node is cluster-scoped" in lines[0]
+    assert await jetstream_events(nats_control.url) == []
+
+
+async def test_replay_of_one_namespace_of_an_all_namespaces_resource_diffs_only_that_namespace(
+    config: Path, emulator: Emulator, nats_control: NatsServer, tmp_path: Path
+) -> None:
+    """The checkpoint of all namespaces, narrowed to the one asked for: no spurious adds."""
+    db = tmp_path / "state.db"
+    for ns in ("a", "b"):
+        for name in ("keep", "change"):
+            emulator.create(pod(name, ns))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        await until(lambda: pod_watermark(db) >= mid, 20, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0
+    first = await jetstream_events(nats_control.url)
+    assert len(first) == 4
+    # While nothing runs: changes in both namespaces; only a's may be replayed.
+    for ns in ("a", "b"):
+        emulator.patch("v1", "Pod", "change", {"spec": {"nodeName": "n1"}}, namespace=ns)
+    emulator.delete("v1", "Pod", "keep", namespace="b")
+    emulator.create(pod("new", "a"))
+    emulator.chaos.compact()
+
+    rc, _, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Pod",
+        "--namespace",
+        "a",
+        "--from-resource-version",
+        str(mid),
+    )
+    assert rc == 0, err
+    assert "checkpoint of core/v1/pods instead" in err
+    assert "published 2 change(s) of pods from a relist diff" in err
+    diff = (await jetstream_events(nats_control.url))[4:]
+    assert sorted(changes(diff)) == [("Pod", "added", "a/new"), ("Pod", "modified", "a/change")]
+
+
 # -- tail ----------------------------------------------------------------------------
 
 
@@ -361,9 +458,23 @@ async def test_tail_of_a_stream_that_does_not_exist_says_so_in_one_line(config: 
     ]
 
 
-def config_nats_url(config: Path) -> str:
-    import yaml
+async def test_tail_of_an_unconfigured_resource_exits_2_naming_it_and_the_configured(
+    config: Path, nats_control: NatsServer
+) -> None:
+    """Issue 9: it waited for events that never come, and printed nothing."""
+    await create_stream(nats_control.url, 120.0)
+    rc, out, err = await cli(
+        "tail", "--config", str(config), "--resource", "Frob", "--from-start", "--timeout", "1"
+    )
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--resource 'Frob'" in lines[0]
+    assert "v1/Pod, v1/Secret, example.com/v1/Widget" in lines[0]
 
+
+def config_nats_url(config: Path) -> str:
     return str(yaml.safe_load(config.read_text())["sink"]["nats"]["servers"][0])
 
 
