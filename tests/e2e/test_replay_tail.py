@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +30,7 @@ from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import (
     BridgeProcess,
     changes,
+    cli,
     jetstream_events,
     until,
     write_config,
@@ -57,26 +57,6 @@ def widget(name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"size": 1},
     }
-
-
-async def cli(*args: str, timeout: float = 30.0) -> tuple[int, str, str]:
-    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bridge.cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"k8s-bridge {' '.join(args)} did not end in {timeout}s") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def checkpoint_rows(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
