@@ -1,14 +1,21 @@
 # `make test` is what CI runs: it builds its own virtualenv, installs the
 # project with its dev extras and the system tools the tests need, then runs
-# lint, type checks and the whole suite.
+# lint, type checks and the whole suite. `make demo` needs only the runtime,
+# so a first run on a fresh machine does not wait for the test tooling.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: test lint types pytest demo bench tools clean
 
-$(BIN)/.installed: pyproject.toml
+# The runtime dependencies and the project: what `k8s-bridge` needs to run.
+$(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+# On top: the dev extras (pytest, ruff, mypy, the Kafka broker, helm, ...).
+$(BIN)/.installed: $(BIN)/.runtime
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
@@ -31,7 +38,7 @@ pytest: $(BIN)/.installed tools
 
 test: lint types pytest
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.runtime
 	$(BIN)/k8s-bridge demo
 
 bench: $(BIN)/.installed tools

@@ -12,7 +12,9 @@ from typing import Any
 import orjson
 
 from bridge import __version__
+from bridge.argtypes import OneLineParser, positive_float
 from bridge.errors import BridgeError, ConfigError
+from bridge.stdio import EXIT_BROKEN_PIPE, discard_stdout
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -30,7 +32,7 @@ def _add_config_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="k8s-bridge",
         description="Publish every real change of Kubernetes objects to Kafka or NATS JetStream.",
     )
@@ -61,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     demo.add_argument("--kafka-bootstrap", default="127.0.0.1:9092")
     demo.add_argument("--duration", type=float, default=0, help="stop after N seconds (0 = Ctrl-C)")
-    demo.add_argument("--rate", type=float, default=5.0, help="churn operations per second")
+    demo.add_argument(
+        "--rate", type=positive_float, default=5.0, help="churn operations per second (> 0)"
+    )
     demo.add_argument("--json", action="store_true", help="print whole CloudEvents, not summaries")
 
     emulator = sub.add_parser("emulator", help="serve the Kubernetes API emulator")
@@ -213,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     except BridgeError as e:
         print(f"k8s-bridge {args.command}: {e}", file=sys.stderr)
         return EXIT_FAILURE
+    except BrokenPipeError:
+        discard_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return 0
 

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from bridge.configured import find_resource
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import nats_token
 from bridge.logging import get_logger
@@ -116,7 +117,8 @@ def _matches(event: ReceivedEvent, resource: str | None) -> bool:
     return event.type.startswith(f"io.k8s.{group or 'core'}.{version}.")
 
 
-def _nats_tls(settings: Settings) -> ssl.SSLContext | None:
+def nats_tls(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context ``sink.nats.tls`` asks for, for whoever reads the stream back."""
     tls = settings.sink.nats.tls
     if tls is None:
         return None
@@ -138,7 +140,7 @@ async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator
         n.servers,
         credentials=n.credentials,
         nkey_seed=n.nkey_seed,
-        tls=_nats_tls(settings),
+        tls=nats_tls(settings),
         name="k8s-bridge-tail",
     )
     try:
@@ -248,7 +250,13 @@ async def tail(
     out: TextIO,
     as_json: bool = True,
 ) -> int:
-    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``."""
+    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``.
+
+    ``resource`` must be a configured one: anything else would wait forever
+    for events that the bridge never publishes.
+    """
+    if resource:
+        find_resource(settings, resource)
     seen = 0
     events = consume(settings, resource=resource, from_start=from_start)
     stopper = asyncio.create_task(stop.wait())

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -24,6 +25,7 @@ from bridge.events import Event
 from bridge.logging import configure_logging
 from bridge.settings import load_settings
 from bridge.sinks.base import Sink
+from bridge.stdio import EXIT_BROKEN_PIPE, discard_stdout
 
 DEMO_RESOURCES = [
     {"apiVersion": "v1", "kind": "Pod", "ignoreFields": ["status.conditions"]},
@@ -34,12 +36,25 @@ DEMO_RESOURCES = [
 
 
 class PrintingSink:
-    """Wraps the real sink and prints each acknowledged event on the terminal."""
+    """Wraps the real sink and prints each acknowledged event on the terminal.
 
-    def __init__(self, inner: Sink | None, out: TextIO, *, as_json: bool) -> None:
+    When the reader of ``out`` goes away (``demo | head``), printing stops and
+    ``on_reader_gone`` asks the demo to end, quietly, like any Unix tool.
+    """
+
+    def __init__(
+        self,
+        inner: Sink | None,
+        out: TextIO,
+        *,
+        as_json: bool,
+        on_reader_gone: Callable[[], None] = lambda: None,
+    ) -> None:
         self.inner = inner
         self.out = out
         self.as_json = as_json
+        self.on_reader_gone = on_reader_gone
+        self.reader_gone = False
         self.counts: Counter[str] = Counter()
 
     async def start(self) -> None:
@@ -50,9 +65,19 @@ class PrintingSink:
         refused: Mapping[int, str] = {}
         if self.inner is not None:
             refused = await self.inner.publish(events)
-        for i, e in enumerate(events):
-            if i in refused:
-                continue
+        if self.reader_gone:
+            return refused
+        try:
+            self._print([e for i, e in enumerate(events) if i not in refused])
+        except BrokenPipeError:
+            self.reader_gone = True
+            if self.out is sys.stdout:
+                discard_stdout()
+            self.on_reader_gone()
+        return refused
+
+    def _print(self, events: Sequence[Event]) -> None:
+        for e in events:
             change = e.type.rsplit(".", 1)[-1]
             kind = e.type.split(".")[-2]
             self.counts[f"{kind} {change}"] += 1
@@ -65,7 +90,6 @@ class PrintingSink:
                     f"{change.upper():9} {kind:11} {e.subject:40} rv={e.resource_version}{initial}{tomb}\n"
                 )
         self.out.flush()
-        return refused
 
     async def ping(self) -> bool:
         return True if self.inner is None else await self.inner.ping()
@@ -100,7 +124,7 @@ async def run_demo(args: argparse.Namespace, stop: asyncio.Event, out: TextIO) -
                 env={},
             )
             inner = None if args.sink == "stdout" else build_sink(settings)
-            sink = PrintingSink(inner, out, as_json=args.json)
+            sink = PrintingSink(inner, out, as_json=args.json, on_reader_gone=stop.set)
             app = BridgeApp(settings, sink=sink)
             out.write(
                 f"k8s-bridge demo: emulated API at {emu.url}, sink {args.sink}, "
@@ -117,6 +141,8 @@ async def run_demo(args: argparse.Namespace, stop: asyncio.Event, out: TextIO) -
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
+            if sink.reader_gone:
+                return EXIT_BROKEN_PIPE
             _summary(out, app, sink, churn, time.monotonic() - started)
         finally:
             await emu.stop()

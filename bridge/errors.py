@@ -26,11 +26,14 @@ aiohttp, nats or aiokafka exception.
     ├── SinkError                   publishing to the bus failed for good (auth, missing stream)
     │   └── SinkUnavailableError    the bus cannot be reached right now
     ├── PoisonEventError            the bus refused one event for good and the policy is "fail"
-    └── CheckpointError             the checkpoint store failed
+    ├── CheckpointError             the checkpoint store failed
+    └── ListenError                 a server of ours cannot listen (its port is taken)
 """
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any
 
 
@@ -148,6 +151,29 @@ class PoisonEventError(BridgeError):
 
 class CheckpointError(BridgeError):
     """Reading or writing a checkpoint failed."""
+
+
+class ListenError(BridgeError):
+    """A server of ours (health, emulator) cannot listen where it was told to."""
+
+
+def listen_error(host_key: str, port_key: str, host: str, port: int, exc: OSError) -> BridgeError:
+    """One line naming the setting at fault when binding ``host:port`` failed.
+
+    A name that does not resolve, an address this machine does not have or a
+    port it may not use are bad values (``ConfigError``); a port another
+    process holds is a condition of the moment (``ListenError``).
+    """
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror):
+        return ConfigError(f"config error: {host_key}: {host!r} does not resolve ({reason})")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"config error: {host_key}: {host!r} is not an address of this machine")
+    if exc.errno == errno.EACCES:
+        return ConfigError(f"config error: {port_key}: {port} may not be listened on ({reason})")
+    if exc.errno == errno.EADDRINUSE:
+        return ListenError(f"{port_key}: port {port} on {host} is already in use")
+    return ListenError(f"cannot listen on {host}:{port} ({host_key}, {port_key}): {reason}")
 
 
 _BY_CODE: dict[int, type[ApiStatusError]] = {

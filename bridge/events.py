@@ -59,7 +59,10 @@ def rfc3339(at: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``)."""
+    """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``).
+
+    ``msg_id`` is the bus-level dedupe id (NATS ``Nats-Msg-Id``); empty means ``id``.
+    """
 
     id: str
     type: str
@@ -70,6 +73,7 @@ class Event:
     initial: bool
     data: dict[str, Any]
     nats_subject: str = ""
+    msg_id: str = ""
 
     @property
     def key(self) -> bytes:

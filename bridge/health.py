@@ -13,6 +13,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from bridge.errors import listen_error
+
 Readiness = Callable[[], tuple[bool, list[str]]]
 
 
@@ -51,6 +53,12 @@ class HealthServer:
         site = web.TCPSite(runner, self._host, self._requested_port)
         try:
             await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            # host and port come from the server section of the settings: name them.
+            raise listen_error(
+                "server.host", "server.port", self._host, self._requested_port, exc
+            ) from exc
         except BaseException:
             await runner.cleanup()
             raise

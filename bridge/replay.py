@@ -6,12 +6,21 @@ had the first time (consumers recognise them). When the version is compacted
 (410), the only truth left is the current state: it is listed and diffed
 against the digests in the checkpoint, and that difference is published.
 Replay never writes the checkpoint: the running bridge owns it.
+
+Each replayed event keeps its CloudEvent ``id`` but gets a bus-level dedupe
+id of its own run (``{id}:replay:{run}``): the originals, or an earlier
+replay, are still inside JetStream's duplicate window when someone replays,
+and the stream would otherwise drop every copy and replay would claim
+changes nobody received. The count printed is what the bus kept (see
+``bridge.stored``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -19,6 +28,7 @@ from typing import TextIO
 from bridge.app import build_checkpoints, build_sink, event_builder, resource_id
 from bridge.changes import Change, ChangeDetector, Fingerprinter, object_from_digest
 from bridge.checkpoints.base import Checkpoint
+from bridge.configured import find_resource, pick_namespace
 from bridge.errors import ConfigError, ExpiredError, status_error
 from bridge.events import Event, EventBuilder
 from bridge.kube.client import KubeClient
@@ -27,22 +37,11 @@ from bridge.kube.listwatch import ListWatch
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
 from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.logging import get_logger
-from bridge.settings import ResourceSettings, Settings
+from bridge.settings import Settings
 from bridge.sinks.base import Sink
+from bridge.stored import AckedCounter, JetStreamCounter, StoredCounter
 
 log = get_logger(__name__)
-
-
-def find_resource(settings: Settings, wanted: str) -> ResourceSettings:
-    """The configured resource named by ``Kind`` or ``apiVersion/Kind``."""
-    api_version, _, kind = wanted.rpartition("/")
-    for res in settings.resources:
-        if res.kind.lower() == kind.lower() and (not api_version or res.api_version == api_version):
-            return res
-    known = ", ".join(f"{r.api_version}/{r.kind}" for r in settings.resources)
-    raise ConfigError(
-        f"config error: --resource {wanted!r} is not configured (configured: {known})"
-    )
 
 
 def _rv_int(rv: str) -> int:
@@ -62,6 +61,48 @@ def _positive_rv(raw: str) -> str:
     return raw
 
 
+class _RunPublisher:
+    """Publishes replayed events under this run's bus-level dedupe id, counting the acks."""
+
+    def __init__(self, sink: Sink, run_id: str) -> None:
+        self.sink = sink
+        self.suffix = f":replay:{run_id}"
+        self.acked = 0
+
+    async def publish(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        await self.sink.publish([replace(e, msg_id=e.id + self.suffix) for e in events])
+        self.acked += len(events)
+
+
+def _stored_counter(settings: Settings, suffix: str) -> StoredCounter:
+    if settings.sink.kind != "nats":
+        return AckedCounter()
+    from bridge.consumer import nats_tls
+
+    n = settings.sink.nats
+    return JetStreamCounter(
+        n.servers,
+        n.stream,
+        suffix,
+        credentials=n.credentials,
+        nkey_seed=n.nkey_seed,
+        tls=nats_tls(settings),
+    )
+
+
+def _outcome(stored: int | None, acked: int, run_id: str) -> tuple[int, str]:
+    """The count to print (what the bus kept) and the note that follows the line."""
+    note = ""
+    if stored is None:
+        stored = acked
+        note = "; acknowledged, but the stream could not be read back to count what it kept"
+    elif stored < acked:
+        note = f"; {acked - stored} more were dropped by the bus as duplicates"
+    return stored, f" (replay run {run_id}{note})"
+
+
 async def replay(
     settings: Settings,
     wanted: str,
@@ -72,21 +113,30 @@ async def replay(
     *,
     quiet: float = 2.0,
     sink: Sink | None = None,
+    counter: StoredCounter | None = None,
 ) -> int:
-    """Publish again what changed in ``wanted`` after ``from_rv``; returns the exit code."""
+    """Publish again what changed in ``wanted`` after ``from_rv``; returns the exit code.
+
+    Without ``counter``, the count printed is read back from the bus the
+    settings name when it is NATS (an injected ``sink`` is trusted by its acks).
+    """
     res = find_resource(settings, wanted)
     from_rv = _positive_rv(from_rv)
-    if res.namespaces and namespace is None:
-        if len(res.namespaces) > 1:
-            raise ConfigError(
-                f"config error: --namespace is required: {res.kind} is configured for "
-                f"namespaces {', '.join(res.namespaces)}"
-            )
-        namespace = res.namespaces[0]
+    namespace = pick_namespace(res, namespace)
+    run_id = secrets.token_hex(4)
     client = await KubeClient.from_kubeconfig(settings.cluster.kubeconfig, settings.cluster.context)
+    injected = sink is not None
     sink = sink or build_sink(settings)
+    out = _RunPublisher(sink, run_id)
+    if counter is None:
+        counter = AckedCounter() if injected else _stored_counter(settings, out.suffix)
     try:
         info = await Discovery(client).resolve(res.api_version, res.kind)
+        if namespace and not info.namespaced:
+            raise ConfigError(
+                f"config error: --namespace {namespace!r}: {res.api_version}/{res.kind} is "
+                "cluster-scoped"
+            )
         lw = ListWatch(
             client,
             info,
@@ -97,20 +147,30 @@ async def replay(
         builder = event_builder(settings, res, info)
         detector = ChangeDetector(Fingerprinter(res.ignore_fields))
         await sink.start()
+        await counter.start()
         try:
-            n = await _replay_watch(lw, builder, detector, sink, from_rv, stop, quiet)
-            err.write(f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}\n")
+            await _replay_watch(lw, builder, detector, out, from_rv, stop, quiet)
+            n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
+            err.write(
+                f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}{note}\n"
+            )
         except ExpiredError:
-            rid = resource_id(info, namespace, res)
+            # The checkpoint is kept per configured scope: all namespaces in one, or one each.
+            rid = resource_id(info, namespace if res.namespaces else None, res)
             err.write(
                 f"resourceVersion {from_rv} of {info.plural} is no longer available on the "
                 f"API server (compacted); publishing the difference between the current state "
                 f"and the checkpoint of {rid} instead\n"
             )
-            n = await _replay_diff(settings, lw, info, rid, builder, detector, sink, err)
-            err.write(f"published {n} change(s) of {info.plural} from a relist diff\n")
+            # One namespace of an all-namespaces checkpoint: only its digests take part.
+            only = namespace if not res.namespaces else None
+            await _replay_diff(settings, lw, info, rid, only, builder, detector, out, err)
+            n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
+            err.write(f"published {n} change(s) of {info.plural} from a relist diff{note}\n")
         return 0
     finally:
+        with contextlib.suppress(Exception):
+            await counter.close()
         with contextlib.suppress(Exception):
             await sink.close()
         await client.close()
@@ -135,11 +195,11 @@ async def _replay_watch(
     lw: ListWatch,
     builder: EventBuilder,
     detector: ChangeDetector,
-    sink: Sink,
+    out: _RunPublisher,
     from_rv: str,
     stop: asyncio.Event,
     quiet: float,
-) -> int:
+) -> None:
     """The changes after ``from_rv``, decided exactly as the running bridge decided them.
 
     The bridge published only real changes (an update of ignored fields published
@@ -153,7 +213,6 @@ async def _replay_watch(
     # Where "now" is: replay ends there (or when the stream stays quiet).
     head = await lw.list(ListOptions(limit=1))
     target = _rv_int(str((head.get("metadata") or {}).get("resourceVersion", "")))
-    published = 0
     batch: list[Event] = []
     options = WatchOptions(resource_version=from_rv, allow_watch_bookmarks=True, timeout_seconds=60)
     async with lw.watch(options) as stream:
@@ -170,15 +229,11 @@ async def _replay_watch(
             if etype in ("ADDED", "MODIFIED", "DELETED"):
                 batch.extend(builder.build(c) for c in _changes(detector, state, str(etype), obj))
                 if len(batch) >= 500:
-                    await sink.publish(batch)
-                    published += len(batch)
+                    await out.publish(batch)
                     batch = []
             if target >= 0 and rv >= target:
                 break
-    if batch:
-        await sink.publish(batch)
-        published += len(batch)
-    return published
+    await out.publish(batch)
 
 
 def _changes(
@@ -222,13 +277,16 @@ async def _replay_diff(
     lw: ListWatch,
     info: ResourceInfo,
     rid: str,
+    only_namespace: str | None,
     builder: EventBuilder,
     detector: ChangeDetector,
-    sink: Sink,
+    out: _RunPublisher,
     err: TextIO,
-) -> int:
+) -> None:
     checkpoint = await _load_checkpoint(settings, rid, err)
     digests = dict(checkpoint.digests) if checkpoint else {}
+    if only_namespace:
+        digests = {k: d for k, d in digests.items() if k.startswith(f"{only_namespace}/")}
     items, _ = await _list_all(lw, ListOptions(limit=500))
     changes: list[Change] = []
     for obj in items:
@@ -238,5 +296,4 @@ async def _replay_diff(
         changes.extend(detector.on_delete(DeletedFinalStateUnknown(key, last)))
     events = [builder.build(c) for c in changes]
     for i in range(0, len(events), 500):
-        await sink.publish(events[i : i + 500])
-    return len(events)
+        await out.publish(events[i : i + 500])

@@ -8,8 +8,10 @@ import contextlib
 import signal
 import sys
 
+from bridge.argtypes import OneLineParser, positive_float
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
+from bridge.errors import BridgeError, ConfigError, listen_error
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -37,7 +39,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="how a too-old watch RV is refused: ERROR event (default) or HTTP 410",
     )
     p.add_argument("--churn", action="store_true", help="run the realistic change generator")
-    p.add_argument("--churn-rate", type=float, default=5.0, help="changes per second with --churn")
+    p.add_argument(
+        "--churn-rate", type=positive_float, default=5.0, help="changes per second with --churn"
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed for --churn")
 
 
@@ -58,10 +62,20 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     churn_task: asyncio.Task[None] | None = None
-    await emu.start()
+    try:
+        await emu.start()
+    except OSError as exc:
+        await emu.stop()
+        raise listen_error("--host", "--port", args.host, args.port, exc) from exc
     try:
         if args.kubeconfig:
-            emu.write_kubeconfig(args.kubeconfig)
+            try:
+                emu.write_kubeconfig(args.kubeconfig)
+            except OSError as exc:
+                raise ConfigError(
+                    f"config error: --kubeconfig: cannot write {args.kubeconfig}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
         if args.churn:
             churn_task = asyncio.create_task(
                 ChurnGenerator(emu, rate=args.churn_rate, seed=args.seed).run(), name="churn"
@@ -85,9 +99,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.emulator", description=__doc__)
+    parser = OneLineParser(prog="python -m bridge.emulator", description=__doc__)
     configure_parser(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except BridgeError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

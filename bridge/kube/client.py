@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 import structlog
+import yaml
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
@@ -68,6 +69,36 @@ def _ssl_context(cfg: Configuration) -> ssl.SSLContext:
     return ctx
 
 
+def _check_kubeconfig_file(path: str, key: str) -> None:
+    """Refuse, in one line, a file the loader would misreport or choke on.
+
+    kubernetes-asyncio takes a missing file for an empty config ("Expected key
+    current-context") and lets YAML and I/O errors out as tracebacks.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config error: {key}: {path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config error: {key}: {path}: not a text file") from None
+    except OSError as e:
+        raise ConfigError(f"config error: {key}: cannot read {path}: {e.strerror or e}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config error: {key}: {path}: invalid YAML{where}: {problem}") from None
+    if doc is None:
+        raise ConfigError(f"config error: {key}: {path}: the file is empty")
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"config error: {key}: {path}: not a kubeconfig (expected a mapping with clusters, "
+            f"contexts and users, found {type(doc).__name__})"
+        )
+
+
 class KubeClient:
     """Raw JSON access to one API server. Create with ``from_kubeconfig`` or ``in_cluster``."""
 
@@ -98,18 +129,19 @@ class KubeClient:
         """
         if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             return cls.in_cluster()
+        key = "cluster.kubeconfig"
         if path is None:
             env = os.environ.get("KUBECONFIG", "")
+            key = "$KUBECONFIG" if env else "cluster.kubeconfig (default ~/.kube/config)"
             path = env.split(os.pathsep)[0] if env else str(Path.home() / ".kube" / "config")
+        _check_kubeconfig_file(path, key)
         cfg = Configuration()
         try:
             loader = await load_kube_config(
                 config_file=path, context=context, client_configuration=cfg, persist_config=False
             )
-        except FileNotFoundError as e:
-            raise ConfigError(f"cluster.kubeconfig: file not found: {path}") from e
-        except (ConfigException, KeyError, ValueError, TypeError) as e:
-            raise ConfigError(f"cluster.kubeconfig: cannot load {path}: {e}") from e
+        except (ConfigException, KeyError, ValueError, TypeError, AttributeError) as e:
+            raise ConfigError(f"config error: {key}: cannot load {path}: {e}") from e
         return cls(cfg, loader=loader)
 
     @classmethod

@@ -5,7 +5,7 @@ then watches from the list's resourceVersion; a watch that ends cleanly is
 re-opened from the last seen resourceVersion, a 410 relists, other failures
 back off and relist. Semantics follow ``tools/cache/reflector.go`` and
 ``tools/pager/pager.go``; the statement numbers in comments refer to
-INFORMER-CHECKLIST.md.
+docs/informer-checklist.md.
 
 Two departures, because a bridge that retries in silence looks healthy while
 it publishes nothing: a failing list/watch is logged (at its first failure,

@@ -394,11 +394,12 @@ class NatsSink:
             if not e.nats_subject:
                 raise SinkError(f"event {e.id} has no NATS subject")
             payload = e.to_json()
-            size = len(payload) + len(e.id) + _HEADER_OVERHEAD
+            msg_id = e.msg_id or e.id
+            size = len(payload) + len(msg_id) + _HEADER_OVERHEAD
             if size > limit:
                 refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
                 continue
-            messages.append((e.nats_subject, payload, {MSG_ID: e.id}))
+            messages.append((e.nats_subject, payload, {MSG_ID: msg_id}))
             sent.append(i)
         if messages:
             # One batch at a time keeps per-subject order across concurrent callers.

@@ -160,6 +160,29 @@ def changes(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     return [(e["type"].split(".")[-2], e["type"].rsplit(".", 1)[-1], e["subject"]) for e in events]
 
 
+async def cli(
+    *args: str, timeout: float = 30.0, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bridge.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"k8s-bridge {' '.join(args)} did not end in {timeout}s") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 def kill9(proc: BridgeProcess) -> None:
     assert proc.proc is not None
     proc.proc.send_signal(signal.SIGKILL)

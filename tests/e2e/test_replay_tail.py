@@ -1,18 +1,17 @@
 """``k8s-bridge replay`` and ``k8s-bridge tail`` as processes, against the emulator and real buses.
 
-Replay within history is read back from JetStream. JetStream drops a message
-whose ``Nats-Msg-Id`` it saw within the stream's duplicate window, which is
-exactly what lets consumers recognise a replayed event; to see the replayed
-copies on the stream at all, the test creates the stream with a 1 s window
-and replays after it has passed. The copies then sit next to the originals
-and their ids can be compared one by one.
+Replay re-publishes events with their original CloudEvent ids, so consumers
+recognise them, but with a ``Nats-Msg-Id`` of the replay run: the originals
+(and earlier replays) are still inside JetStream's duplicate window, which
+would otherwise drop every copy. So replayed copies land next to the
+originals and the tests compare them one by one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from cloudevents.v1.http import from_json
 
 from bridge.changes import ChangeDetector, Fingerprinter
@@ -30,6 +30,7 @@ from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import (
     BridgeProcess,
     changes,
+    cli,
     jetstream_events,
     until,
     write_config,
@@ -37,8 +38,6 @@ from tests.e2e.bridge_process import (
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
-
-DUPLICATE_WINDOW = 1.0
 
 
 def pod(name: str, ns: str = "default") -> dict[str, Any]:
@@ -58,26 +57,6 @@ def widget(name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"size": 1},
     }
-
-
-async def cli(*args: str, timeout: float = 30.0) -> tuple[int, str, str]:
-    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bridge.cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"k8s-bridge {' '.join(args)} did not end in {timeout}s") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def checkpoint_rows(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -120,10 +99,20 @@ async def create_stream(url: str, duplicate_window: float) -> None:
 # -- replay ------------------------------------------------------------------------
 
 
+def replay_run(err: str) -> str:
+    """The run id a replay printed (``... (replay run R)``)."""
+    match = re.search(r"\(replay run ([0-9a-f]+)[;)]", err)
+    assert match, err
+    return match.group(1)
+
+
+def of_run(events: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    return [e for e in events if (e["_msg_id"] or "").endswith(f":replay:{run}")]
+
+
 async def test_replay_within_history_republishes_the_same_events_with_the_same_ids(
     config: Path, emulator: Emulator, nats_control: NatsServer
 ) -> None:
-    await create_stream(nats_control.url, DUPLICATE_WINDOW)
     emulator.create(pod("a"))
     bridge = BridgeProcess(config)
     await bridge.start()
@@ -153,7 +142,6 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
         ("Pod", "modified", "default/a"),
         ("Pod", "deleted", "default/b"),
     ]
-    await asyncio.sleep(DUPLICATE_WINDOW + 0.2)  # past the window: the copies are kept
 
     started = time.monotonic()
     rc, _, err = await cli(
@@ -162,9 +150,10 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
     took = time.monotonic() - started
     assert rc == 0, err
     assert f"replayed 3 change(s) of pods after resourceVersion {mid}" in err
+    run = replay_run(err)
     replayed = (await jetstream_events(nats_control.url))[len(first) :]
     assert [e["id"] for e in replayed] == [e["id"] for e in after_mid]
-    assert [e["_msg_id"] for e in replayed] == [e["id"] for e in after_mid]
+    assert [e["_msg_id"] for e in replayed] == [f"{e['id']}:replay:{run}" for e in after_mid]
     assert [e["_subject"] for e in replayed] == [e["_subject"] for e in after_mid]
     for old, new in zip(after_mid, replayed, strict=True):
         assert new["data"] == old["data"]
@@ -173,10 +162,10 @@ async def test_replay_within_history_republishes_the_same_events_with_the_same_i
     print(f"replay of 3 changes within history: {took:.2f}s (process start included)")
 
 
-async def test_replay_within_the_duplicate_window_is_dropped_by_jetstream(
+async def test_replay_twice_within_the_duplicate_window_stores_both_runs_and_counts_them(
     config: Path, emulator: Emulator, nats_control: NatsServer
 ) -> None:
-    """What makes the ids worth keeping: a consumer (here JetStream) recognises each copy."""
+    """Issue 9: JetStream dropped replays as redeliveries while replay claimed them all."""
     emulator.create(pod("a"))
     bridge = BridgeProcess(config)
     await bridge.start()
@@ -192,18 +181,23 @@ async def test_replay_within_the_duplicate_window_is_dropped_by_jetstream(
         await until(published, 20, bridge.tail_log)
     finally:
         assert await bridge.stop() == 0
-    rc, _, err = await cli(
-        "replay",
-        "--config",
-        str(config),
-        "--resource",
-        "v1/Pod",
-        "--from-resource-version",
-        str(mid),
-    )
-    assert rc == 0, err
-    assert "replayed 2 change(s)" in err
-    assert len(await jetstream_events(nats_control.url)) == 3
+    originals = (await jetstream_events(nats_control.url))[1:]
+    args = ("--config", str(config), "--resource", "v1/Pod", "--from-resource-version", str(mid))
+    # Both runs within the stream's duplicate window (2 minutes) of the originals and each other.
+    rc1, _, err1 = await cli("replay", *args)
+    rc2, _, err2 = await cli("replay", *args)
+    assert (rc1, rc2) == (0, 0), err1 + err2
+    for err in (err1, err2):
+        assert f"replayed 2 change(s) of pods after resourceVersion {mid}" in err
+        assert "dropped" not in err
+    stream = await jetstream_events(nats_control.url)
+    assert len(stream) == 3 + 2 + 2
+    runs = [replay_run(err1), replay_run(err2)]
+    assert runs[0] != runs[1]
+    for run in runs:
+        copies = of_run(stream, run)
+        assert [e["id"] for e in copies] == [e["id"] for e in originals]
+        assert [e["data"] for e in copies] == [e["data"] for e in originals]
 
 
 async def test_replay_after_compaction_publishes_the_checkpoint_diff_and_leaves_it_alone(
@@ -278,6 +272,102 @@ async def test_replay_from_a_resource_version_that_is_not_one_exits_2(config: Pa
     assert len(err.strip().splitlines()) == 1 and "--from-resource-version '0'" in err
 
 
+def with_resources(config: Path, resources: list[dict[str, Any]]) -> Path:
+    doc = yaml.safe_load(config.read_text())
+    doc["resources"] = resources
+    config.write_text(yaml.safe_dump(doc))
+    return config
+
+
+async def test_replay_of_a_namespace_not_configured_exits_2_and_publishes_nothing(
+    config: Path, nats_control: NatsServer
+) -> None:
+    """Issue 9: it published every pod of that namespace as a spurious ``added``."""
+    with_resources(config, [{"apiVersion": "v1", "kind": "Pod", "namespaces": ["a", "b"]}])
+    rc, out, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Pod",
+        "--namespace",
+        "x",
+        "--from-resource-version",
+        "5",
+    )
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--namespace 'x'" in lines[0] and "configured namespaces: a, b" in lines[0]
+    assert await jetstream_events(nats_control.url) == []
+
+
+async def test_replay_with_a_namespace_of_a_cluster_scoped_resource_exits_2(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    with_resources(config, [{"apiVersion": "v1", "kind": "Node"}])
+    rc, _, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Node",
+        "--namespace",
+        "default",
+        "--from-resource-version",
+        "1",
+    )
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--namespace 'default'" in lines[0] and "v1/Node is cluster-scoped" in lines[0]
+    assert await jetstream_events(nats_control.url) == []
+
+
+async def test_replay_of_one_namespace_of_an_all_namespaces_resource_diffs_only_that_namespace(
+    config: Path, emulator: Emulator, nats_control: NatsServer, tmp_path: Path
+) -> None:
+    """The checkpoint of all namespaces, narrowed to the one asked for: no spurious adds."""
+    db = tmp_path / "state.db"
+    for ns in ("a", "b"):
+        for name in ("keep", "change"):
+            emulator.create(pod(name, ns))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        await until(lambda: pod_watermark(db) >= mid, 20, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0
+    first = await jetstream_events(nats_control.url)
+    assert len(first) == 4
+    # While nothing runs: changes in both namespaces; only a's may be replayed.
+    for ns in ("a", "b"):
+        emulator.patch("v1", "Pod", "change", {"spec": {"nodeName": "n1"}}, namespace=ns)
+    emulator.delete("v1", "Pod", "keep", namespace="b")
+    emulator.create(pod("new", "a"))
+    emulator.chaos.compact()
+
+    rc, _, err = await cli(
+        "replay",
+        "--config",
+        str(config),
+        "--resource",
+        "Pod",
+        "--namespace",
+        "a",
+        "--from-resource-version",
+        str(mid),
+    )
+    assert rc == 0, err
+    assert "checkpoint of core/v1/pods instead" in err
+    assert "published 2 change(s) of pods from a relist diff" in err
+    diff = (await jetstream_events(nats_control.url))[4:]
+    assert sorted(changes(diff)) == [("Pod", "added", "a/new"), ("Pod", "modified", "a/change")]
+
+
 # -- tail ----------------------------------------------------------------------------
 
 
@@ -348,9 +438,23 @@ async def test_tail_of_a_stream_that_does_not_exist_says_so_in_one_line(config: 
     ]
 
 
-def config_nats_url(config: Path) -> str:
-    import yaml
+async def test_tail_of_an_unconfigured_resource_exits_2_naming_it_and_the_configured(
+    config: Path, nats_control: NatsServer
+) -> None:
+    """Issue 9: it waited for events that never come, and printed nothing."""
+    await create_stream(nats_control.url, 120.0)
+    rc, out, err = await cli(
+        "tail", "--config", str(config), "--resource", "Frob", "--from-start", "--timeout", "1"
+    )
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--resource 'Frob'" in lines[0]
+    assert "v1/Pod, v1/Secret, example.com/v1/Widget" in lines[0]
 
+
+def config_nats_url(config: Path) -> str:
     return str(yaml.safe_load(config.read_text())["sink"]["nats"]["servers"][0])
 
 

@@ -1,0 +1,25 @@
+"""argparse value types shared by the command lines (``k8s-bridge``, ``python -m bridge.emulator``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import typing
+
+
+def positive_float(raw: str) -> float:
+    """A finite number above 0 (a rate: 0 would mean "never", and divides by zero)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {raw!r}")
+    return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (the project's rule for errors)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
