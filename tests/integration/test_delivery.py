@@ -1,0 +1,267 @@
+"""The delivery core against the emulator over HTTP: publish at once, checkpoint behind,
+restart from uncertain keys, poison events.
+
+Sink and checkpoint store are the memory twins; the crash property against real
+buses is tests/e2e/test_crash_property.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import Any
+
+import pytest
+
+from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.emulator import Emulator
+from bridge.events import Event
+from bridge.pipeline import ResourcePipeline
+from tests.integration.test_pipeline import FAST, Harness, pod, wait_for, wait_for_async
+
+pytestmark = pytest.mark.integration
+
+RID = "core/v1/pods"
+
+
+async def digest_of_live(harness: Harness, name: str, state: str = UNCERTAIN) -> Digest:
+    """The digest the bridge would write for the live object ``name``."""
+    obj = harness.emulator.get("v1", "Pod", name, namespace="default")
+    p = await harness.pipeline()
+    d = p._detector.digest_of(obj)
+    return dataclasses.replace(d, state=state)
+
+
+@contextlib.asynccontextmanager
+async def running(p: ResourcePipeline) -> Any:
+    task = asyncio.create_task(p.run())
+    try:
+        yield p
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# -- publish at once, checkpoint behind ----------------------------------------
+
+
+async def test_an_event_is_published_without_waiting_for_the_checkpoint_cadence(
+    harness: Harness, emulator: Emulator
+) -> None:
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, flush_interval=30.0)
+    async with running(p):
+        await wait_for(p.has_synced)
+        emulator.create(pod("now"))
+        await wait_for(lambda: len(harness.sink.events) == 1, timeout=1.0)
+    assert harness.sink.events[0].id.endswith(":" + harness.sink.events[0].resource_version)
+
+
+async def test_the_watermark_advances_under_churn_that_never_pauses(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """Changes keep coming (the FIFO never idles), yet the checkpoint keeps up."""
+    for i in range(20):
+        emulator.create(pod(f"c{i}"))
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, flush_interval=0.2)
+    stored: list[int] = []
+    async with running(p):
+        await wait_for(p.has_synced)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3.0
+        i = 0
+        while loop.time() < end:
+            i += 1
+            emulator.patch(
+                "v1", "Pod", f"c{i % 20}", {"spec": {"nodeName": f"n{i}"}}, namespace="default"
+            )
+            if i % 50 == 0:
+                cp = await harness.checkpoints.load(RID)
+                stored.append(int(cp.resource_version or 0) if cp else 0)
+                assert p.checkpoint_lag() < 2.0
+            await asyncio.sleep(0.002)
+    # The stored watermark moved again and again while changes never paused.
+    assert len(set(stored)) >= 5, stored
+    assert stored == sorted(stored)
+
+
+# -- restart from a checkpoint that was written ahead --------------------------
+
+
+async def test_an_uncertain_unchanged_object_is_republished_with_the_same_id(
+    harness: Harness, emulator: Emulator
+) -> None:
+    obj = emulator.create(pod("maybe"))
+    emulator.create(pod("sure"))
+    uncertain = await digest_of_live(harness, "maybe")
+    certain = await digest_of_live(harness, "sure", CERTAIN)
+    await harness.checkpoints.commit(RID, str(emulator.resource_version), [uncertain, certain], [])
+    async with harness.running() as p:
+        await harness.settled(p)
+    md = obj["metadata"]
+    # Only the uncertain one, with the id it was written ahead with; "sure" is not repeated.
+    assert [e.id for e in harness.sink.events] == [f"{md['uid']}:{md['resourceVersion']}"]
+    cp = await harness.checkpoints.load(RID)
+    assert cp is not None and cp.digests["default/maybe"].state == CERTAIN
+
+
+async def test_an_uncertain_object_gone_meanwhile_is_published_as_deleted(
+    harness: Harness, emulator: Emulator
+) -> None:
+    obj = emulator.create(pod("short"))
+    uncertain = await digest_of_live(harness, "short")
+    emulator.delete("v1", "Pod", "short", namespace="default")
+    await harness.checkpoints.commit(RID, "1", [uncertain], [])
+    async with harness.running() as p:
+        await harness.settled(p)
+    assert [e.id for e in harness.sink.events] == [f"{obj['metadata']['uid']}:deleted"]
+    cp = await harness.checkpoints.load(RID)
+    assert cp is not None and "default/short" not in cp.digests
+
+
+async def test_an_uncertain_object_changed_meanwhile_is_published_as_modified(
+    harness: Harness, emulator: Emulator
+) -> None:
+    emulator.create(pod("moved"))
+    uncertain = await digest_of_live(harness, "moved")
+    now = emulator.patch("v1", "Pod", "moved", {"spec": {"nodeName": "n9"}}, namespace="default")
+    await harness.checkpoints.commit(RID, "1", [uncertain], [])
+    async with harness.running() as p:
+        await harness.settled(p)
+    md = now["metadata"]
+    assert [(e.id, e.type.rsplit(".", 1)[-1]) for e in harness.sink.events] == [
+        (f"{md['uid']}:{md['resourceVersion']}", "modified")
+    ]
+
+
+async def test_a_delete_written_ahead_is_published_again_with_its_id(
+    harness: Harness, emulator: Emulator
+) -> None:
+    emulator.create(pod("other"))
+    other = await digest_of_live(harness, "other", CERTAIN)
+    gone = Digest("default/gone", "uid-gone", "3", "", DELETING)
+    await harness.checkpoints.commit(RID, str(emulator.resource_version), [other, gone], [])
+    async with harness.running() as p:
+        await harness.settled(p)
+    assert [e.id for e in harness.sink.events] == ["uid-gone:deleted"]
+    assert harness.sink.events[0].data["tombstone"] is True
+
+
+async def test_a_prior_uid_in_flight_is_deleted_and_the_new_one_confirmed(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """Delete + re-create were in flight: the old uid's delete, the new uid's state."""
+    obj = emulator.create(pod("again"))
+    uncertain = dataclasses.replace(await digest_of_live(harness, "again"), prior="uid-old")
+    await harness.checkpoints.commit(RID, "1", [uncertain], [])
+    async with harness.running() as p:
+        await harness.settled(p)
+    md = obj["metadata"]
+    assert [e.id for e in harness.sink.events] == [
+        "uid-old:deleted",
+        f"{md['uid']}:{md['resourceVersion']}",
+    ]
+
+
+# -- poison events ---------------------------------------------------------------
+
+
+def big_pod(name: str) -> dict[str, Any]:
+    obj = pod(name)
+    obj["metadata"]["annotations"] = {"blob": "x" * 20_000}
+    return obj
+
+
+async def poisoned(harness: Harness, emulator: Emulator, policy: str) -> ResourcePipeline:
+    harness.sink.max_payload = 10_000
+    emulator.create(pod("before"))
+    emulator.create(big_pod("huge"))
+    emulator.create(pod("after"))
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, poison_policy=policy)  # type: ignore[arg-type]
+    return p
+
+
+async def test_truncate_publishes_the_same_id_cut_to_metadata_and_goes_on(
+    harness: Harness, emulator: Emulator
+) -> None:
+    p = await poisoned(harness, emulator, "truncate")
+    async with running(p):
+        await harness.settled(p)
+    by_subject = {e.subject: e for e in harness.sink.events}
+    assert set(by_subject) == {"default/before", "default/huge", "default/after"}
+    huge = by_subject["default/huge"]
+    assert huge.data["truncated"] is True
+    assert "annotations" not in huge.data["object"]["metadata"]
+    md = emulator.get("v1", "Pod", "huge", namespace="default")["metadata"]
+    assert huge.id == f"{md['uid']}:{md['resourceVersion']}"
+    assert p.stats.poison == {"truncated": 1}
+    assert p.sink_healthy
+
+
+async def test_skip_publishes_nothing_for_it_and_goes_on(
+    harness: Harness, emulator: Emulator
+) -> None:
+    p = await poisoned(harness, emulator, "skip")
+    async with running(p):
+        await harness.settled(p)
+    assert sorted(e.subject for e in harness.sink.events) == ["default/after", "default/before"]
+    assert p.stats.poison == {"skipped": 1}
+    cp = await harness.checkpoints.load(RID)
+    assert cp is not None and cp.digests["default/huge"].state == CERTAIN
+
+
+async def test_fail_stops_the_resource_naming_the_object(
+    harness: Harness, emulator: Emulator
+) -> None:
+    p = await poisoned(harness, emulator, "fail")
+    async with running(p):
+        await wait_for(lambda: p.failed is not None)
+        emulator.create(pod("later"))
+        await asyncio.sleep(0.3)
+    assert p.failed is not None and "default/huge" in p.failed
+    subjects = [e.subject for e in harness.sink.events]
+    assert "default/later" not in subjects and "default/huge" not in subjects
+    # Never checkpointed as published: the next start meets it again.
+    cp = await harness.checkpoints.load(RID)
+    assert cp is not None and cp.digests["default/huge"].state == UNCERTAIN
+
+
+async def test_a_refused_event_superseded_in_its_batch_is_not_republished_out_of_order(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """Truncating the older event after the newer one landed would reorder them."""
+    harness.sink.refuse = lambda e: "refused" if e.resource_version == first_rv[0] else None
+    first_rv: list[str] = []
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, linger=0.2)  # both changes in one batch
+    async with running(p):
+        await wait_for(p.has_synced)
+        first_rv.append(emulator.create(pod("x"))["metadata"]["resourceVersion"])
+        emulator.patch("v1", "Pod", "x", {"spec": {"nodeName": "n1"}}, namespace="default")
+        await harness.settled(p)
+    events: list[Event] = harness.sink.events
+    assert [e.type.rsplit(".", 1)[-1] for e in events] == ["modified"]
+    assert p.stats.poison == {"superseded": 1}
+
+
+async def test_the_checkpoint_waits_while_the_bus_is_down(
+    harness: Harness, emulator: Emulator
+) -> None:
+    async with harness.running() as p:
+        emulator.create(pod("one"))
+        await harness.settled(p)
+        harness.sink.available = False
+        before = p.committed_resource_version
+        emulator.create(pod("two"))
+        await asyncio.sleep(0.5)
+        assert p.committed_resource_version == before
+        harness.sink.available = True
+
+        async def caught_up() -> bool:
+            return p.committed_resource_version == str(emulator.resource_version)
+
+        await wait_for_async(caught_up)
