@@ -234,7 +234,7 @@ class Outbox:
                 # A restart's re-sent delete of an earlier uid: the key's uncertain
                 # state from the previous run may still be on the bus and must stay
                 # known until a decision resolves it.
-                row = replace(unresolved, state=UNCERTAIN, prior="")
+                row = replace(unresolved, prior="")
             elif e.digest is None:
                 row = Digest(key, e.uid, e.event.resource_version, "", DELETING)
             else:

@@ -33,7 +33,6 @@ from typing import Literal
 from bridge.aiotasks import cancel_and_wait, run_group
 from bridge.changes import (
     CERTAIN,
-    DELETING,
     FINGERPRINT_FIELD,
     Change,
     ChangeDetector,
@@ -45,7 +44,7 @@ from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
 from bridge.kube.backoff import Backoff
-from bridge.kube.informer import SharedInformer
+from bridge.kube.informer import UNCONFIRMED, SharedInformer
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
 from bridge.kube.protocols import ListerWatcher
 from bridge.kube.reflector import ReflectorSettings
@@ -188,17 +187,17 @@ class ResourcePipeline:
             uncertain: list[Digest] = []
             for d in checkpoint.digests.values():
                 for gone in filter(None, d.prior.split(",")):
+                    # An earlier object of this name whose delete was in flight: its
+                    # own events are older than this key's, so no replay brings it.
                     self._republish_delete(d, gone)
-                if d.state == DELETING:
-                    self._republish_delete(d, d.uid)
-                    continue
-                if d.state != CERTAIN:
-                    uncertain.append(d)
-                    # Cached with no resourceVersion: whatever the watch or a
-                    # relist says next about this key reaches the handler.
-                    records.append(self._record_of(Digest(d.key, d.uid, "", d.fingerprint)))
-                else:
+                if d.state == CERTAIN:
                     records.append(self._record_of(d))
+                    continue
+                # Written ahead, never acknowledged: cached as unconfirmed, so the
+                # next news of the key (the replayed change itself, a later one, its
+                # delete, or its absence from a relist) reaches the handler.
+                uncertain.append(d)
+                records.append(self._record_of(d, unconfirmed=True))
             self.outbox = Outbox(
                 self._digest_of, watermark=checkpoint.resource_version, clock=self._clock
             )
@@ -207,11 +206,12 @@ class ResourcePipeline:
                 self.outbox.decide(key, uid, event, None)
             if self._restart_deletes:
                 self._decided.set()
-            if uncertain or self._restart_deletes:
-                # A crash with events in flight. Replaying the watch from the
-                # watermark would bring older states of those keys, indistinguishable
-                # from news; a relist of the latest state settles each of them (and
-                # collapses what changed meanwhile, as any relist does).
+            if watermark is not None and not all(
+                _after(d.resource_version, watermark) for d in uncertain
+            ):
+                # A watch from the watermark would not bring news of every uncertain
+                # key: relist the latest state instead (a consistent read, never a
+                # lagging cache, which would look like deletes).
                 watermark = None
                 reflector = replace(reflector, consistent_first_list=True)
             log.info(
@@ -220,7 +220,8 @@ class ResourcePipeline:
                 resource_version=checkpoint.resource_version,
                 objects=len(checkpoint.digests),
                 uncertain=len(uncertain),
-                deletes_to_confirm=len(self._restart_deletes),
+                prior_deletes=len(self._restart_deletes),
+                relist=watermark is None,
             )
         s = self.settings
         self.informer = SharedInformer(
@@ -230,7 +231,7 @@ class ResourcePipeline:
             slim=self._detector.fingerprinter.fingerprint
             if s.slim and not self._full_old
             else None,
-            reflector_settings=s.reflector,
+            reflector_settings=reflector,
             initial_objects=records,
             initial_resource_version=watermark,
             max_queued=s.max_queued,
@@ -248,11 +249,13 @@ class ResourcePipeline:
         event = self._builder.build(Change(ChangeKind.DELETED, gone, d.key, tombstone=True))
         self._restart_deletes.append((d.key, uid, event))
 
-    def _record_of(self, digest: Digest) -> RawObject:
+    def _record_of(self, digest: Digest, *, unconfirmed: bool = False) -> RawObject:
         record = object_from_digest(
             digest, api_version=self._builder.api_version, kind=self._builder.kind
         )
         record[FINGERPRINT_FIELD] = digest.fingerprint
+        if unconfirmed:
+            record[UNCONFIRMED] = True
         return record
 
     # -- running ----------------------------------------------------------------
@@ -532,6 +535,13 @@ class ResourcePipeline:
         self.stats.last_commit = self._clock()
         if self._metrics is not None:
             self._metrics.set_checkpoint(self.label, commit.watermark)
+
+
+def _after(resource_version: str, watermark: str) -> bool:
+    try:
+        return int(resource_version) > int(watermark)
+    except ValueError:
+        return False
 
 
 async def _watch(task: asyncio.Task[None]) -> None:

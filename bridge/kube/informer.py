@@ -54,7 +54,12 @@ log = get_logger(__name__)
 
 SlimFunc = Callable[[RawObject], str]
 
-_SLIM_TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "fingerprint"})
+# A cached record carrying UNCONFIRMED is a state the consumer is not sure of
+# (restored from a checkpoint that was written ahead): the next notification
+# for its key is delivered even when it carries the same resourceVersion.
+UNCONFIRMED = "unconfirmed"
+
+_SLIM_TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "fingerprint", UNCONFIRMED})
 _SLIM_META_KEYS = ("name", "namespace", "uid", "resourceVersion")
 
 
@@ -140,14 +145,14 @@ class HandlerRegistration:
 
 
 def _older(new: RawObject, old: RawObject) -> bool:
-    """``new`` is an earlier state of the same object than ``old``.
+    """``new`` is an earlier state of this key than the cached ``old``: an earlier state
+    of the same object, or an object of the same name that was deleted before ``old``.
 
     resourceVersions are opaque by contract, but every API server backed by
-    etcd serves them as increasing integers; anything else is never "older".
+    etcd serves them as increasing integers (one sequence for all objects);
+    anything else is never "older".
     """
     new_meta, old_meta = meta(new), meta(old)
-    if new_meta.get("uid") != old_meta.get("uid"):
-        return False
     try:
         return int(new_meta.get("resourceVersion") or "") < int(
             old_meta.get("resourceVersion") or ""
@@ -368,6 +373,10 @@ class SharedInformer:
         # once: either in its catch-up snapshot or as this notification.
         regs = list(self._registrations)
         if delta.type is DeltaType.Deleted:
+            if self._drop_stale and not isinstance(obj, DeletedFinalStateUnknown):
+                cached = self.store.get(obj)
+                if cached is not None and _older(obj, cached):
+                    return  # the delete of an earlier object of the same name
             self.store.delete(obj)
             for reg in regs:
                 await reg._on_delete(obj)
@@ -385,7 +394,7 @@ class SharedInformer:
             for reg in regs:
                 await reg._on_add(obj, is_in_initial_list)
             return
-        is_resync = resource_version(old) == resource_version(obj)
+        is_resync = resource_version(old) == resource_version(obj) and UNCONFIRMED not in old
         for reg in regs:
             if not is_resync or reg._due_resync:
                 await reg._on_update(old, obj)
