@@ -16,8 +16,12 @@ far the bus has taken it; this module is its async driver, four tasks:
   certain, on its own cadence.
 
 After a crash the checkpoint knows every key whose event may have reached the
-bus (``load``): those keys are uncertain, a delete is published if the object
-is gone, an unchanged object is republished with the same id.
+bus (``load``). Those keys are *uncertain*: cached as unconfirmed, so the next
+news of each (the resumed watch replays it, or a relist settles it) reaches the
+handler, which republishes an unchanged object with the id it was written
+ahead with, publishes a change as modified and a vanished object as deleted.
+The informer drops replayed states older than its cache (``drop_stale``), so
+resuming from a watermark that lags the digests republishes nothing.
 """
 
 from __future__ import annotations
