@@ -34,6 +34,7 @@ from bridge.errors import (
 )
 from bridge.events import EventBuilder
 from bridge.health import HealthServer
+from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
@@ -172,6 +173,7 @@ class BridgeApp:
         checkpoints: CheckpointStore | None = None,
         registry: CollectorRegistry | None = None,
         on_ready: Callable[[], Awaitable[None]] | None = None,
+        backoff: Callable[[], Backoff] | None = None,
     ) -> None:
         self.settings = settings
         self.sink = sink or build_sink(settings)
@@ -185,6 +187,10 @@ class BridgeApp:
         self._sink_started = False
         self._api_error: str | None = None
         self._on_ready = on_ready
+        # One retry policy for every loop that waits for something to come back.
+        self._backoff: Callable[[], Backoff] = backoff or (
+            lambda: Backoff(initial=0.5, cap=30.0, jitter=0.2)
+        )
 
     # -- readiness --------------------------------------------------------------
 
@@ -243,7 +249,7 @@ class BridgeApp:
         upgrade); a crash loop would only delay the bridge. An unknown kind or
         a 403 needs a person and still raises at once. None when stopped first.
         """
-        delay = 0.5
+        backoff = self._backoff()
         while not stop.is_set():
             try:
                 resolved = await self.resolve(client)
@@ -251,8 +257,7 @@ class BridgeApp:
                 self._api_error = str(e) or type(e).__name__
                 log.warning("API server unavailable for discovery; retrying", error=str(e))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 30.0)
+                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
                 continue
             self._api_error = None
             return resolved
@@ -304,6 +309,7 @@ class BridgeApp:
                         ),
                         metrics=self.metrics,
                         label=label,
+                        backoff=self._backoff,
                     )
                 )
         return pipelines
@@ -312,7 +318,7 @@ class BridgeApp:
 
     async def start_sink(self, stop: asyncio.Event) -> bool:
         """Connect to the bus, retrying while it is unreachable (not-ready meanwhile)."""
-        delay = 0.5
+        backoff = self._backoff()
         while not stop.is_set():
             try:
                 await self.sink.start()
@@ -321,8 +327,7 @@ class BridgeApp:
                     "sink unreachable; retrying", sink=self.settings.sink.kind, error=str(e)
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 30.0)
+                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
                 continue
             self._sink_started = True
             return True

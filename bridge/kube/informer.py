@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from bridge.aiotasks import run_group
 from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import (
     DeletedFinalStateUnknown,
@@ -314,22 +315,11 @@ class SharedInformer:
             "catch-up": self._backlog_loop(),
             "resync": self._resync_loop(),
         }
-        tasks = [
-            asyncio.create_task(coro, name=f"informer:{self.name}:{part}")
-            for part, coro in coros.items()
-        ]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                exc = None if task.cancelled() else task.exception()
-                if exc is not None:
-                    raise exc
+            await run_group(coros, prefix=f"informer:{self.name}:")
         finally:
             self._stopped = True
             self.fifo.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _process_loop(self) -> None:
         with contextlib.suppress(FIFOClosedError):
