@@ -243,3 +243,24 @@ async def test_emulator_module_on_a_port_in_use_exits_1_naming_the_port(taken_po
     assert one_line(err.decode()) == (
         f"python -m bridge.emulator: --port: port {taken_port} on 127.0.0.1 is already in use"
     )
+
+
+# -- run: a bus that refuses everything for good --------------------------------------
+
+
+async def test_run_with_a_missing_stream_it_may_not_create_exits_1_in_one_line(
+    tmp_path: Path, kubeconfig: Path, nats_control: NatsServer
+) -> None:
+    """Not "unavailable, retrying forever": a person must create the stream or allow it."""
+    config = config_with(
+        tmp_path,
+        kubeconfig,
+        sink={
+            "kind": "nats",
+            "nats": {"servers": [nats_control.url], "stream": "ABSENT", "createStream": False},
+        },
+    )
+    rc, _, err = await cli("run", "--config", str(config))
+    assert rc == 1
+    line = one_line(err)
+    assert "'ABSENT'" in line and "create" in line.lower()

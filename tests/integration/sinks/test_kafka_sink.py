@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -139,3 +140,23 @@ async def test_unreachable_broker_is_unavailable() -> None:
     with pytest.raises(SinkUnavailableError, match="Kafka"):
         await sink.start()
     assert not await sink.ping()
+
+
+async def test_a_record_over_max_request_size_is_refused_and_the_rest_land(
+    kafka_broker: str,
+) -> None:
+    topic = "big-" + uuid.uuid4().hex[:8]
+    sink = KafkaSink([kafka_broker], topic=topic, enable_idempotence=False, max_request_size=20_000)
+    await sink.start()
+    try:
+        small = make_events(3, names=3)
+        obj = {**small[1].data["object"], "spec": {"blob": "x" * 50_000}}
+        huge = dataclasses.replace(small[1], data={**small[1].data, "object": obj})
+        refused = await sink.publish([small[0], huge, small[2]])
+    finally:
+        await sink.close()
+    assert list(refused) == [1] and "maxRequestSize" in refused[1]
+    records = await consume(kafka_broker, topic, 2)
+    assert sorted(dict(r.headers)["ce_id"].decode() for r in records) == sorted(
+        [small[0].id, small[2].id]
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -309,3 +310,46 @@ async def test_server_restart_mid_batch_keeps_per_subject_order(nats_control: Na
         by_subject.setdefault(m.subject, []).append(int(m.headers[MSG_ID].split(":")[1]))
     for subject, rvs in by_subject.items():
         assert rvs == sorted(rvs), f"{subject} out of order"
+
+
+def with_payload(event: Event, size: int) -> Event:
+    obj = dict(event.data["object"])
+    obj["data"] = {"blob": "x" * size}
+    return dataclasses.replace(event, data={**event.data, "object": obj})
+
+
+async def test_an_event_over_the_servers_max_payload_is_refused_and_the_rest_land(
+    nats_server: str, client: Client
+) -> None:
+    """The limit comes from the server (its INFO), before anything is sent."""
+    stream, cluster = unique_stream()
+    sink = NatsSink([nats_server], stream=stream, subjects=[f"k8s.{cluster}.>"])
+    await sink.start()
+    try:
+        small = make_events(3, cluster=cluster, names=3)
+        huge = with_payload(small[1], 1_500_000)  # the server's default max_payload is 1 MB
+        refused = await sink.publish([small[0], huge, small[2]])
+    finally:
+        await sink.close()
+    assert list(refused) == [1] and "max_payload" in refused[1]
+    msgs = await stream_messages(client, stream)
+    assert [m.headers[MSG_ID] for m in msgs] == [small[0].id, small[2].id]
+
+
+async def test_a_message_the_stream_refuses_is_refused_not_retried(
+    nats_server: str, client: Client
+) -> None:
+    """A stream with a smaller max_msg_size answers that message with an error PubAck."""
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"k8s.{cluster}.>"], max_msg_size=2_000)
+    sink = NatsSink([nats_server], stream=stream)
+    await sink.start()
+    try:
+        events = make_events(3, cluster=cluster, names=3)
+        refused = await sink.publish([events[0], with_payload(events[1], 5_000), events[2]])
+    finally:
+        await sink.close()
+    assert list(refused) == [1] and "JetStream refused" in refused[1]
+    info = await js.stream_info(stream)
+    assert info.state.messages == 2
