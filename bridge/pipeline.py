@@ -214,9 +214,12 @@ class ResourcePipeline:
                 _after(d.resource_version, watermark) for d in uncertain
             ):
                 # A watch from the watermark would not bring news of every uncertain
-                # key: relist the latest state instead (a consistent read, never a
-                # lagging cache, which would look like deletes).
+                # key: relist the latest state instead.
                 watermark = None
+            if watermark is None:
+                # A relist diffed against the digests reads the latest state (a
+                # consistent read), never a lagging watch cache, whose missing
+                # objects would look like deletes.
                 reflector = replace(reflector, consistent_first_list=True)
             log.info(
                 "resuming from checkpoint",
