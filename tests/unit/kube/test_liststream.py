@@ -256,3 +256,17 @@ async def test_list_body_errors_are_connection_errors_naming_the_request() -> No
     with pytest.raises(KubeConnectionError, match=r"GET /api/v1/pods: answer is not a list"):
         async for _ in body:
             pass
+
+
+def test_orjson_still_says_where_a_candidate_stopped() -> None:
+    """The fast path tells "ended inside the item" from other failures by orjson's message;
+    if that wording changes, every such guess goes to the exact scanner (right, but slow)."""
+    from bridge.kube.liststream import _INCOMPLETE
+
+    for inside in (b'{"a":{"b":1}', b'{"a":[{"b":1}', b'{"a":"},{'):
+        with pytest.raises(orjson.JSONDecodeError) as info:
+            orjson.loads(inside)
+        assert info.value.msg.startswith(_INCOMPLETE)
+    with pytest.raises(orjson.JSONDecodeError) as info:
+        orjson.loads(b'{"a":1},{"metadata":')
+    assert not info.value.msg.startswith(_INCOMPLETE)
