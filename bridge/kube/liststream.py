@@ -257,7 +257,10 @@ class ListSplitter:
                 end = _string_end(buf, self._pos + 1)
                 if end < 0:
                     return
-                self._key = orjson.loads(buf[self._pos : end])
+                try:
+                    self._key = orjson.loads(buf[self._pos : end])
+                except orjson.JSONDecodeError as e:
+                    raise self._bad(f"undecodable key: {e}") from None
                 self._pos = end
                 self._empty = False
                 self._state = _COLON_NEXT

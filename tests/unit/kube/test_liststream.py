@@ -178,6 +178,7 @@ def test_buffer_holds_one_piece_and_one_item_not_the_body() -> None:
         (b'{"items":[{"a":}]}', "undecodable item"),
         (b'{"items":[]} x', "content after"),
         (b'{"items":[] "metadata":{}}', "expected ',' or '}'"),
+        (b'{"it\\xems":[]}', "undecodable key"),
     ],
 )
 def test_malformed_or_cut_bodies(body: bytes, message: str) -> None:
