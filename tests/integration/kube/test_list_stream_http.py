@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from bridge.emulator import Emulator, write_kubeconfig
+from bridge.errors import ForbiddenError, KubeConnectionError
 from bridge.kube.client import KubeClient
 from bridge.kube.fifo import Delta, RealFIFO
 from bridge.kube.listwatch import ListWatch
@@ -236,3 +237,40 @@ async def test_checklist_18_a_server_rejecting_the_option_is_not_asked_again(
     assert len(streaming(watch_queries(emu))) == 1
     assert len(list_queries(emu)) == 2
     assert not r.uses_watch_list
+
+
+async def test_list_stream_errors_are_translated(tmp_path: Path, emulator: Emulator) -> None:
+    """Opening: the Status as ``ApiStatusError``; a body cut mid-way: ``KubeConnectionError``."""
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(b'{"kind":"PodList","items":[' + item(0) + b"," + item(1)[:40])
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+
+    emulator.forbid(verb="list", resource="pods")
+    async with client_for(emulator.url, tmp_path) as client:
+        with pytest.raises(ForbiddenError, match="pods"):
+            async with ListWatch(client, PODS).list_stream(ListOptions()):
+                pass
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", cut)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with client_for(f"http://127.0.0.1:{port}", tmp_path / "cut") as client:
+            got: list[str] = []
+            with pytest.raises(KubeConnectionError, match="GET /api/v1/pods"):
+                async with ListWatch(client, PODS).list_stream(ListOptions()) as page:
+                    async for batch in page:
+                        got.extend(i["metadata"]["name"] for i in batch)
+            assert got == ["p0000"]  # what arrived whole was handed over
+    finally:
+        await runner.cleanup()
