@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +40,12 @@ from bridge.errors import ApiStatusError, NotFoundError
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCH_TIMEOUT = 1800.0
+# Large answers go out in pieces of about this size, encoded as they are sent:
+# 100k objects never sit in one buffer, and other requests are served between pieces.
+WRITE_CHUNK = 256 * 1024
+# A LIST with more items than this is streamed (chunked), as the API server's
+# streaming list encoder does; smaller ones are one JSON body with a length.
+STREAM_LIST_ITEMS = 500
 VERSION_INFO = {
     "major": "1",
     "minor": "32",
@@ -427,7 +434,7 @@ class Emulator:
                 self._check_allowed("watch", target)
                 return await self._watch(request, target, query, as_table)
             self._check_allowed("list", target)
-            return self._list(target, query, as_table)
+            return await self._list(request, target, query, as_table)
         if method == "POST" and target.name is None:
             self._check_allowed("create", target)
             body = await self._body(request)
@@ -540,7 +547,9 @@ class Emulator:
         except ValueError:
             raise status.bad_request(f'invalid resource version "{raw}"') from None
 
-    def _list(self, target: _Target, query: dict[str, str], as_table: bool) -> web.Response:
+    async def _list(
+        self, request: web.Request, target: _Target, query: dict[str, str], as_table: bool
+    ) -> web.StreamResponse:
         res = target.res
         matcher = self._matcher(res, query)
         rv_raw = query.get("resourceVersion", "")
@@ -579,9 +588,40 @@ class Emulator:
                 meta["remainingItemCount"] = remaining
         if as_table:
             return _json(table(res, items, meta, query.get("includeObject", "Metadata")))
-        return _json(
-            {"kind": res.list_kind, "apiVersion": res.api_version, "metadata": meta, "items": items}
-        )
+        head = {"kind": res.list_kind, "apiVersion": res.api_version, "metadata": meta}
+        if len(items) <= STREAM_LIST_ITEMS:
+            return _json({**head, "items": items})
+        return await self._stream_list(request, head, items)
+
+    async def _stream_list(
+        self, request: web.Request, head: Body, items: builtins.list[Body]
+    ) -> web.StreamResponse:
+        """The same bytes as one ``orjson.dumps`` of the list, written in pieces.
+
+        ``items`` is a snapshot of stored bodies, which are never mutated, so
+        changes made while the pieces go out do not reach this answer.
+        """
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        dumps = orjson.dumps
+        piece = [dumps(head)[:-1] + b',"items":[']
+        size = 0
+        try:
+            for i, body in enumerate(items):
+                line = dumps(body)
+                piece.append(b"," + line if i else line)
+                size += len(line)
+                if size >= WRITE_CHUNK:
+                    await resp.write(b"".join(piece))
+                    piece.clear()
+                    size = 0
+            piece.append(b"]}")
+            await resp.write(b"".join(piece))
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            self._abort(request)
+        return resp
 
     async def _watch(
         self, request: web.Request, target: _Target, query: dict[str, str], as_table: bool
@@ -599,21 +639,20 @@ class Emulator:
         encoder = TableWatchEncoder(query.get("includeObject", "Metadata")) if as_table else None
         watcher = Watcher(res, target.namespace, matcher, encoder)
         start_rv = store.rv
-        if initial_events or rv_raw in ("", "0"):
+        # sendInitialEvents defaults to true for RV ""/"0" (the legacy synthetic ADDEDs);
+        # an explicit false there means "from now on, nothing before".
+        synthetic = initial_events or (rv_raw in ("", "0") and not send_initial)
+        if synthetic:
             if rv_raw not in ("", "0") and self._parse_rv(rv_raw) > store.rv:
                 raise status.too_large_rv()
             items, _, _, _ = store.list_objects(res, target.namespace, matcher)
-            for body in items:
-                watcher.pending.append(
-                    (int(body["metadata"]["resourceVersion"]), watcher.encode("ADDED", body))
-                )
-            if initial_events:
-                line = (
-                    watcher.encode("BOOKMARK", bookmark_object(res, start_rv, True))
-                    if encoder is not None
-                    else encode_event("BOOKMARK", bookmark_object(res, start_rv, True))
-                )
-                watcher.pending.append((start_rv, line))
+            # Encoded as they are written; the watcher is registered below with no await
+            # in between, so every later change queues behind this snapshot.
+            watcher.initial = self._initial_lines(
+                watcher, items, start_rv if initial_events else None
+            )
+        elif rv_raw in ("", "0"):
+            pass
         else:
             from_rv = self._parse_rv(rv_raw)
             if from_rv > store.rv:
@@ -669,6 +708,19 @@ class Emulator:
                 "sendInitialEvents requires setting allowWatchBookmarks to true",
             )
 
+    @staticmethod
+    def _initial_lines(
+        watcher: Watcher, items: builtins.list[Body], end_rv: int | None
+    ) -> Iterator[bytes]:
+        for body in items:
+            yield watcher.encode("ADDED", body)
+        if end_rv is not None:
+            end = bookmark_object(watcher.res, end_rv, True)
+            if watcher.encoder is not None:
+                yield watcher.encode("BOOKMARK", end)
+            else:
+                yield encode_event("BOOKMARK", end)
+
     def _bookmark_line(self, watcher: Watcher, rv: int) -> bytes:
         obj = bookmark_object(watcher.res, rv)
         if watcher.encoder is not None:
@@ -695,23 +747,33 @@ class Emulator:
                     break
                 if watcher.kill is not None:
                     if watcher.kill == "truncate":
-                        line = (
-                            watcher.pending[0][1]
-                            if watcher.pending
-                            else self._bookmark_line(watcher, max(last_rv, self.store.rv))
-                        )
+                        line = next(watcher.initial, None) if watcher.initial else None
+                        if line is None:
+                            line = (
+                                watcher.pending[0][1]
+                                if watcher.pending
+                                else self._bookmark_line(watcher, max(last_rv, self.store.rv))
+                            )
                         await resp.write(line[: max(1, len(line) // 2)])
                     self._abort(request)
                     return resp
                 wait: float | None = None
                 if not self.chaos.stalled:
+                    if watcher.initial is not None:
+                        chunk = _take(watcher.initial, WRITE_CHUNK)
+                        if chunk:
+                            await resp.write(chunk)
+                            continue
+                        watcher.initial = None
                     if watcher.pending:
-                        chunk = []
-                        while watcher.pending:
+                        lines = []
+                        size = 0
+                        while watcher.pending and size < WRITE_CHUNK:
                             rv, line = watcher.pending.popleft()
                             last_rv = max(last_rv, rv)
-                            chunk.append(line)
-                        await resp.write(b"".join(chunk))
+                            lines.append(line)
+                            size += len(line)
+                        await resp.write(b"".join(lines))
                         continue
                     now = loop.time()
                     if now >= deadline:
@@ -807,6 +869,18 @@ class Emulator:
         except (KeyError, ValueError, TypeError) as exc:
             return _json({"error": str(exc)}, 400)
         return _json({"ok": True, "result": result})
+
+
+def _take(lines: Iterator[bytes], limit: int) -> bytes:
+    """Lines from ``lines`` joined, until ``limit`` bytes or the end."""
+    out: builtins.list[bytes] = []
+    size = 0
+    for line in lines:
+        out.append(line)
+        size += len(line)
+        if size >= limit:
+            break
+    return b"".join(out)
 
 
 def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "emulator") -> Path:

@@ -17,6 +17,7 @@ import builtins
 import random
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,6 +97,8 @@ class Watcher:
         self.namespace = namespace
         self.matcher = matcher
         self.encoder = encoder
+        # The synthetic initial events, encoded as they are written; before ``pending``.
+        self.initial: Iterator[bytes] | None = None
         self.pending: deque[tuple[int, bytes]] = deque()
         self.wake = asyncio.Event()
         self.kill: str | None = None  # "drop" | "truncate" | "stop"

@@ -35,6 +35,9 @@ Params = Mapping[str, str | int | bool] | None
 _REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=15)
 # Watches run for minutes by design; the reflector's watchdog notices silent ones.
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_read=None)
+# A large LIST read as it arrives may take longer than a plain request; only a
+# connection that stops sending is broken.
+_BODY_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_read=60)
 
 
 def _query(params: Params) -> dict[str, str]:
@@ -300,7 +303,26 @@ class KubeClient:
         decode: Callable[[bytes], Any] | None = orjson.loads,
     ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         """Like ``stream`` but each line goes through ``decode`` (orjson.loads by default)."""
-        return _open_stream(self, method, path, params, decode)
+        return _open_stream(
+            self,
+            method,
+            path,
+            params,
+            _STREAM_TIMEOUT,
+            lambda resp: _lines(resp, method, path, decode),
+        )
+
+    def stream_body(
+        self, method: str, path: str, params: Params = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """Open a request; the context yields its body in pieces as they arrive.
+
+        For answers too large to hold whole (a LIST of a big cluster). Opening
+        raises ``ApiStatusError``; a body that breaks raises ``KubeConnectionError``.
+        """
+        return _open_stream(
+            self, method, path, params, _BODY_TIMEOUT, lambda resp: _chunks(resp, method, path)
+        )
 
 
 @asynccontextmanager
@@ -309,19 +331,34 @@ async def _open_stream(
     method: str,
     path: str,
     params: Params,
-    decode: Callable[[bytes], Any] | None,
+    timeout: aiohttp.ClientTimeout,
+    read: Callable[[aiohttp.ClientResponse], AsyncGenerator[Any, None]],
 ) -> AsyncIterator[AsyncIterator[Any]]:
-    resp = await client._send(method, path, params, None, None, _STREAM_TIMEOUT)
+    resp = await client._send(method, path, params, None, None, timeout)
     try:
         await client._raise_for_status(resp)
-        lines = _lines(resp, method, path, decode)
+        reader = read(resp)
         try:
-            yield lines
+            yield reader
         finally:
-            await lines.aclose()
+            await reader.aclose()
     finally:
         # close, not release: an unfinished chunked body cannot go back to the pool.
         resp.close()
+
+
+async def _chunks(
+    resp: aiohttp.ClientResponse, method: str, path: str
+) -> AsyncGenerator[bytes, None]:
+    content = resp.content
+    try:
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return
+            yield chunk
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        raise KubeConnectionError(f"{method} {path}: body broke: {_describe(e)}") from e
 
 
 async def _lines(

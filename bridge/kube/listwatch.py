@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
 import orjson
 
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
+from bridge.kube.liststream import ListBody
 from bridge.kube.objects import ListResponse, WatchEvent
-from bridge.kube.protocols import ListOptions, WatchOptions
+from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 
 
 class ListWatch:
@@ -48,7 +49,7 @@ class ListWatch:
         if self.field_selector:
             params["fieldSelector"] = self.field_selector
 
-    async def list(self, options: ListOptions) -> ListResponse:
+    def _list_params(self, options: ListOptions) -> dict[str, str | int | bool]:
         params: dict[str, str | int | bool] = {}
         self._selectors(params)
         if options.resource_version is not None:
@@ -61,6 +62,10 @@ class ListWatch:
             params["continue"] = options.continue_token
         if options.timeout_seconds:
             params["timeoutSeconds"] = options.timeout_seconds
+        return params
+
+    async def list(self, options: ListOptions) -> ListResponse:
+        params = self._list_params(options)
         result = await self.client.request_json("GET", self.path, params=params)
         kind = self.resource.kind
         api_version = self.resource.api_version
@@ -69,6 +74,17 @@ class ListWatch:
                 item["kind"] = kind
                 item["apiVersion"] = api_version
         return cast(ListResponse, result)
+
+    @asynccontextmanager
+    async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
+        params = self._list_params(options)
+        async with self.client.stream_body("GET", self.path, params) as chunks:
+            yield ListBody(
+                chunks,
+                kind=self.resource.kind,
+                api_version=self.resource.api_version,
+                what=f"GET {self.path}",
+            )
 
     def watch(
         self, options: WatchOptions

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from bridge.kube.objects import ListResponse, RawObject, WatchEvent
 
@@ -34,11 +34,31 @@ class WatchOptions:
     resource_version_match: str | None = None
 
 
+class ListStream(Protocol):
+    """One LIST answer (one page) read as it arrives."""
+
+    def __aiter__(self) -> AsyncIterator[list[RawObject]]:
+        """Batches of items in the server's order; raises ``KubeError`` if the body breaks."""
+        ...
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The list's metadata (resourceVersion, continue); complete once iteration ended."""
+        ...
+
+
 class ListerWatcher(Protocol):
     """client-go's ListerWatcher for one resource in one scope (cluster or namespace)."""
 
     async def list(self, options: ListOptions) -> ListResponse:
         """One LIST request (one page when ``limit`` is set). Raises ``KubeError``."""
+        ...
+
+    def list_stream(self, options: ListOptions) -> AbstractAsyncContextManager[ListStream]:
+        """The same request, its items handed over as they arrive instead of all at once.
+
+        Opening raises ``ApiStatusError`` for an HTTP error status.
+        """
         ...
 
     def watch(
@@ -53,6 +73,26 @@ class ListerWatcher(Protocol):
         ...
 
 
+class Replacement(Protocol):
+    """A relist handed to the store item by item, as the list arrives.
+
+    The items are the store's to pass on at once; what vanished (client-go's
+    tombstones) can only be known after the last item, so ``commit`` decides
+    that. ``abort`` (the list broke) keeps what was handed in and decides
+    nothing: a later replacement will.
+    """
+
+    async def add(self, obj: RawObject) -> None: ...
+
+    def discard(self, obj: RawObject) -> None:
+        """An object handed in earlier is gone before the list ended (a streamed list's DELETED)."""
+        ...
+
+    def commit(self, resource_version: str) -> None: ...
+
+    def abort(self) -> None: ...
+
+
 class ReflectorStore(Protocol):
     """What a Reflector writes into: client-go's ``Store`` as seen by the reflector."""
 
@@ -62,6 +102,12 @@ class ReflectorStore(Protocol):
 
     async def delete(self, obj: RawObject) -> None: ...
 
-    async def replace(self, items: list[RawObject], resource_version: str) -> None: ...
+    async def replace(self, items: list[RawObject], resource_version: str) -> None:
+        """The whole list at once (client-go's ``Replace``)."""
+        ...
+
+    def begin_replace(self) -> Replacement:
+        """The same as ``replace``, fed item by item; one at a time."""
+        ...
 
     async def resync(self) -> None: ...

@@ -43,14 +43,26 @@ from bridge.errors import (
 from bridge.kube.backoff import Backoff
 from bridge.kube.objects import (
     INITIAL_EVENTS_END_ANNOTATION,
-    RawObject,
     WatchEvent,
-    namespace_key,
 )
-from bridge.kube.protocols import ListerWatcher, ListOptions, ReflectorStore, WatchOptions
+from bridge.kube.protocols import (
+    ListerWatcher,
+    ListOptions,
+    ReflectorStore,
+    Replacement,
+    WatchOptions,
+)
 from bridge.logging import get_logger
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    replacement: Replacement
+    resource_version: str
+    paginated: bool
+    items: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,8 @@ class Reflector:
         self._start_rv = resource_version
         self._last_sync_rv = ""
         self._rv_unavailable = self.settings.consistent_first_list
+        self._partial_relist = False
+        self._fed = 0  # items handed to the open replacement
         self._paginated_result = False
         # None: not tried yet; False: the server does not do streaming lists.
         self._watch_list_supported: bool | None = None
@@ -261,7 +275,10 @@ class Reflector:
 
     def _relist_resource_version(self) -> str:
         # Checklist 1/2/8: "0" first (watch cache), the last RV on relists, "" after a 410.
-        if self._rv_unavailable:
+        # Also "" after a list that broke once it had fed items: those came from a
+        # snapshot newer than our RV, and another API server's cache may be older
+        # still; only a consistent read cannot take an object back in time.
+        if self._rv_unavailable or self._partial_relist:
             return ""
         return self._last_sync_rv or "0"
 
@@ -343,56 +360,96 @@ class Reflector:
         if not (s.paginate_relists or self._paginated_result) and rv not in ("", "0"):
             page_size = None  # Checklist 4: a specific RV is served whole from the watch cache.
         try:
-            items, list_rv, paginated = await self._paged_list(rv, page_size)
+            listed = await self._paged_list(rv, page_size)
         except (ExpiredError, TooLargeResourceVersionError):
             # Checklist 2: that RV is gone (or not yet there): list the latest instead.
             self._rv_unavailable = True
-            items, list_rv, paginated = await self._paged_list("", page_size)
+            listed = await self._paged_list("", page_size)
         self._up()
-        if rv == "0" and paginated:
+        if rv == "0" and listed.paginated:
             # The watch cache did not serve "0": keep paginating later relists.
             self._paginated_result = True
         self._rv_unavailable = False
-        await self._store.replace(items, list_rv)
-        self._last_sync_rv = list_rv
-        self._synced = True
-        self._log.debug("listed", items=len(items), resource_version=list_rv)
+        # No await from here on: a checkpoint taken between the tombstones and the
+        # new RV would record the RV without the deletes it implies.
+        self._commit(listed.replacement, listed.resource_version)
+        self._log.debug("listed", items=listed.items, resource_version=listed.resource_version)
 
-    async def _paged_list(self, rv: str, limit: int | None) -> tuple[list[RawObject], str, bool]:
-        """client-go's pager: pages joined into one list; 410 on page >= 2 → one full list."""
+    def _begin_replace(self) -> Replacement:
+        self._fed = 0
+        return self._store.begin_replace()
+
+    def _commit(self, replacement: Replacement, resource_version: str) -> None:
+        replacement.commit(resource_version)
+        self._last_sync_rv = resource_version
+        self._partial_relist = False
+        self._synced = True
+
+    def _abandon(self, replacement: Replacement) -> None:
+        replacement.abort()
+        if self._fed:
+            self._partial_relist = True
+
+    async def _paged_list(self, rv: str, limit: int | None) -> _Listed:
+        """client-go's pager, its pages fed to one replacement as they arrive; 410 on
+        page >= 2 → one full list. The replacement is left open for ``_list`` to commit."""
         options = ListOptions(resource_version=rv, limit=limit)
-        items: list[RawObject] = []
+        replacement = self._begin_replace()
         list_rv: str | None = None
-        while True:
-            try:
-                page = await self._lw.list(options)
-            except ExpiredError:
-                if not options.continue_token:
-                    raise
-                # Checklist 3: the continue token expired mid-way: restart as one full list.
-                page = await self._lw.list(ListOptions(resource_version=rv))
-                meta = page.get("metadata") or {}
-                return list(page.get("items") or ()), str(meta.get("resourceVersion", "")), True
-            meta = page.get("metadata") or {}
-            cont = meta.get("continue")
-            if list_rv is None:
-                list_rv = str(meta.get("resourceVersion", ""))
+        pages = 0
+        try:
+            while True:
+                try:
+                    meta = await self._list_page(options, replacement)
+                except ExpiredError:
+                    if not options.continue_token:
+                        raise
+                    # Checklist 3: the continue token expired mid-way: restart as one full
+                    # list. What the pages fed stays (each a real state); the new replacement
+                    # decides what vanished.
+                    self._abandon(replacement)
+                    replacement = self._begin_replace()
+                    meta = await self._list_page(ListOptions(resource_version=rv), replacement)
+                    return _Listed(
+                        replacement, str(meta.get("resourceVersion", "")), True, self._fed
+                    )
+                pages += 1
+                cont = meta.get("continue")
+                if list_rv is None:
+                    list_rv = str(meta.get("resourceVersion", ""))
                 if not cont:
-                    return list(page.get("items") or ()), list_rv, False
-            items.extend(page.get("items") or ())
-            if not cont:
-                return items, list_rv, True
-            # Continuation pages carry the snapshot in the token; RV must not be repeated.
-            options = ListOptions(limit=limit, continue_token=str(cont))
+                    return _Listed(replacement, list_rv, pages > 1, self._fed)
+                # Continuation pages carry the snapshot in the token; RV must not be repeated.
+                options = ListOptions(limit=limit, continue_token=str(cont))
+        except BaseException:
+            self._abandon(replacement)
+            raise
+
+    async def _list_page(self, options: ListOptions, replacement: Replacement) -> dict[str, Any]:
+        """One LIST request, its items handed to ``replacement`` as they are decoded."""
+        add = replacement.add
+        async with self._lw.list_stream(options) as page:
+            async for batch in page:
+                self._fed += len(batch)
+                for obj in batch:
+                    await add(obj)
+            return page.metadata
 
     # -- streaming list (KEP-3157) ----------------------------------------
 
     async def _watch_list(self, stack: AsyncExitStack) -> AsyncIterator[WatchEvent] | None:
         """Stream the initial state; returns the open stream to keep watching on,
-        or None to fall back to LIST for this round (checklist 16-18)."""
+        or None to fall back to LIST for this round (checklist 16-18).
+
+        As in client-go, a failed attempt falls back to LIST+WATCH for this round
+        only, except that 429 and a refused connection wait and stream again, and
+        a 410 streams again from "". Only a server that does not do streaming
+        lists (it ignores the flag, or rejects it with 400/422) makes "auto" give
+        them up for good.
+        """
         auto = self.settings.watch_list == "auto"
         while True:
-            rv = "" if self._rv_unavailable else self._last_sync_rv
+            rv = "" if (self._rv_unavailable or self._partial_relist) else self._last_sync_rv
             options = WatchOptions(
                 resource_version=rv,
                 timeout_seconds=self._watch_timeout(),
@@ -401,43 +458,50 @@ class Reflector:
                 resource_version_match="NotOlderThan",
             )
             attempt = AsyncExitStack()
+            replacement = self._begin_replace()
+            opened = False
             try:
                 events = await attempt.enter_async_context(self._lw.watch(options))
+                opened = True
                 self._up()
-                items, bookmark_rv = await self._initial_events(events, auto)
-            except (KubeConnectionError, TooManyRequestsError) as e:
+                bookmark_rv = await self._initial_events(events, auto, replacement)
+            except BaseException as e:
+                self._abandon(replacement)
                 await attempt.aclose()
-                self._failed(e)
-                self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
-                await self._backoff.wait(getattr(e, "retry_after", None))
-                continue
-            except (ExpiredError, TooLargeResourceVersionError):
-                await attempt.aclose()
-                self._rv_unavailable = True
-                continue
-            except (ApiStatusError, _InitialEventsIgnored) as e:
-                await attempt.aclose()
-                if auto:
-                    self._watch_list_supported = False
-                self._log.info("streaming list unavailable, listing", error=str(e))
-                return None
-            except BaseException:
-                await attempt.aclose()
+                if isinstance(e, TooManyRequestsError) or (
+                    isinstance(e, KubeConnectionError) and not opened
+                ):
+                    self._failed(e)
+                    self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
+                    await self._backoff.wait(getattr(e, "retry_after", None))
+                    continue
+                if isinstance(e, ExpiredError | TooLargeResourceVersionError):
+                    self._rv_unavailable = True
+                    continue
+                if isinstance(e, _InitialEventsIgnored) or (
+                    isinstance(e, ApiStatusError) and e.code in (400, 422)
+                ):
+                    if auto:
+                        self._watch_list_supported = False
+                    self._log.info("streaming list unavailable, listing", error=str(e))
+                    return None
+                if isinstance(e, KubeError):
+                    # A 5xx or a broken stream says nothing about support: list this round.
+                    self._log.warning("streaming list failed, listing this time", error=str(e))
+                    return None
                 raise
             stack.push_async_exit(attempt)
             self._watch_list_supported = True
             self._rv_unavailable = False
-            # Checklist 16: replace at once, at the bookmark's RV, then go on with this stream.
-            await self._store.replace(items, bookmark_rv)
-            self._last_sync_rv = bookmark_rv
-            self._synced = True
+            # Checklist 16: the replacement ends at the bookmark's RV; go on with this stream.
+            self._commit(replacement, bookmark_rv)
             return events
 
     async def _initial_events(
-        self, events: AsyncIterator[WatchEvent], auto: bool
-    ) -> tuple[list[RawObject], str]:
+        self, events: AsyncIterator[WatchEvent], auto: bool, replacement: Replacement
+    ) -> str:
+        """Hand the initial events to ``replacement``; the initial-events-end bookmark's RV."""
         s = self.settings
-        buffered: dict[str, RawObject] = {}
         if auto:
             quiet = min(s.initial_events_quiet, s.idle_timeout)
             watchdog = _Watchdog(
@@ -447,19 +511,22 @@ class Reflector:
             watchdog = _Watchdog(
                 s.idle_timeout, lambda: WatchStalledError("streaming list stalled")
             )
+        add = replacement.add
         loop_time = asyncio.get_running_loop().time
         async with watchdog:
             async for event in events:
-                watchdog.last = loop_time()
                 kind = event.get("type")
                 obj = event.get("object") or {}
+                # Handing over may let a slow consumer run: not the server's silence.
+                watchdog.last = _INF
                 # Checklist 17: no RV moves from synthetic ADDED events; only the bookmark's counts.
                 if kind == "ADDED":
-                    buffered[namespace_key(obj)] = obj
+                    self._fed += 1
+                    await add(obj)
                 elif kind == "BOOKMARK":
                     md = obj.get("metadata") or {}
                     if (md.get("annotations") or {}).get(INITIAL_EVENTS_END_ANNOTATION) == "true":
-                        return list(buffered.values()), str(md.get("resourceVersion", ""))
+                        return str(md.get("resourceVersion", ""))
                     if auto:
                         raise _InitialEventsIgnored("plain bookmark before initial-events-end")
                 elif kind == "ERROR":
@@ -468,9 +535,11 @@ class Reflector:
                     # Live changes before the end marker: the server streamed a plain watch.
                     raise _InitialEventsIgnored(f"{kind} before initial-events-end")
                 elif kind == "MODIFIED":
-                    buffered[namespace_key(obj)] = obj
+                    self._fed += 1
+                    await add(obj)
                 elif kind == "DELETED":
-                    buffered.pop(namespace_key(obj), None)
+                    replacement.discard(obj)
+                watchdog.last = loop_time()
         raise _InitialEventsIgnored("stream ended before initial-events-end")
 
     # -- WATCH ------------------------------------------------------------

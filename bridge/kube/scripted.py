@@ -19,13 +19,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.errors import KubeConnectionError
-from bridge.kube.objects import INITIAL_EVENTS_END_ANNOTATION, ListResponse, RawObject, WatchEvent
-from bridge.kube.protocols import ListOptions, WatchOptions
+from bridge.kube.objects import (
+    INITIAL_EVENTS_END_ANNOTATION,
+    ListResponse,
+    RawObject,
+    WatchEvent,
+    namespace_key,
+)
+from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 
 
 @dataclass(frozen=True)
 class Pause:
     seconds: float
+
+
+@dataclass(frozen=True)
+class BrokenList:
+    """A LIST answer whose body breaks with ``error`` after ``items`` were read."""
+
+    items: Sequence[RawObject]
+    error: BaseException
 
 
 HANG = Pause(float("inf"))
@@ -43,7 +57,7 @@ class Call:
 
 @dataclass(repr=False)
 class ScriptedListerWatcher:
-    lists: deque[ListResponse | BaseException | Pause] = field(default_factory=deque)
+    lists: deque[ListResponse | BrokenList | BaseException | Pause] = field(default_factory=deque)
     watches: deque[WatchScript] = field(default_factory=deque)
     calls: list[Call] = field(default_factory=list)
     open_streams: int = 0
@@ -57,7 +71,7 @@ class ScriptedListerWatcher:
 
     # -- scripting --------------------------------------------------------
 
-    def add_list(self, *answers: ListResponse | BaseException | Pause) -> None:
+    def add_list(self, *answers: ListResponse | BrokenList | BaseException | Pause) -> None:
         self.lists.extend(answers)
 
     def add_watch(self, *scripts: WatchScript) -> None:
@@ -73,6 +87,17 @@ class ScriptedListerWatcher:
     # -- ListerWatcher ----------------------------------------------------
 
     async def list(self, options: ListOptions) -> ListResponse:
+        answer = await self._list_answer(options)
+        if isinstance(answer, BrokenList):
+            raise answer.error
+        return answer
+
+    @asynccontextmanager
+    async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
+        """The scripted answer, one item per batch with a turn of the loop between."""
+        yield _ScriptedListStream(await self._list_answer(options))
+
+    async def _list_answer(self, options: ListOptions) -> ListResponse | BrokenList:
         self.calls.append(Call("list", options, asyncio.get_running_loop().time()))
         await asyncio.sleep(0)
         if not self.lists:
@@ -112,6 +137,31 @@ class ScriptedListerWatcher:
             await asyncio.sleep(0)
             self.delivered += 1
             yield step
+
+
+class _ScriptedListStream:
+    def __init__(self, answer: ListResponse | BrokenList) -> None:
+        self._answer = answer
+        self._done = False
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        assert self._done, "metadata read before the items"
+        assert not isinstance(self._answer, BrokenList)
+        return dict(self._answer.get("metadata") or {})
+
+    def __aiter__(self) -> AsyncIterator[list[RawObject]]:
+        return self._batches()
+
+    async def _batches(self) -> AsyncIterator[list[RawObject]]:
+        answer = self._answer
+        items = answer.items if isinstance(answer, BrokenList) else answer.get("items") or ()
+        for item in items:
+            yield [item]
+            await asyncio.sleep(0)
+        if isinstance(answer, BrokenList):
+            raise answer.error
+        self._done = True
 
 
 async def _pause(p: Pause) -> None:
@@ -172,9 +222,14 @@ def list_response(
 
 @dataclass
 class RecordingStore:
-    """A ``ReflectorStore`` that records every call, for reflector tests."""
+    """A ``ReflectorStore`` that records every call, for reflector tests.
+
+    A streamed replace is recorded like ``replace`` when committed; an aborted
+    one only in ``aborted`` (what it had been handed).
+    """
 
     ops: list[tuple[str, Any]] = field(default_factory=list)
+    aborted: list[list[str]] = field(default_factory=list)
 
     async def add(self, obj: RawObject) -> None:
         self.ops.append(("add", _short(obj)))
@@ -188,8 +243,29 @@ class RecordingStore:
     async def replace(self, items: list[RawObject], resource_version: str) -> None:
         self.ops.append(("replace", ([_short(i) for i in items], resource_version)))
 
+    def begin_replace(self) -> _RecordingReplacement:
+        return _RecordingReplacement(self)
+
     async def resync(self) -> None:
         self.ops.append(("resync", None))
+
+
+class _RecordingReplacement:
+    def __init__(self, store: RecordingStore) -> None:
+        self._store = store
+        self._items: dict[str, str] = {}
+
+    async def add(self, obj: RawObject) -> None:
+        self._items[namespace_key(obj)] = _short(obj)
+
+    def discard(self, obj: RawObject) -> None:
+        self._items.pop(namespace_key(obj), None)
+
+    def commit(self, resource_version: str) -> None:
+        self._store.ops.append(("replace", (list(self._items.values()), resource_version)))
+
+    def abort(self) -> None:
+        self._store.aborted.append(list(self._items.values()))
 
 
 def _short(obj: RawObject) -> str:
