@@ -150,15 +150,24 @@ def strip_paths(obj: RawObject, node: PathNode) -> RawObject:
 class Fingerprinter:
     """Hashes objects without their ignored fields (xxh3-128, hex)."""
 
-    __slots__ = ("_trie", "ignore_fields")
+    __slots__ = ("_last", "_last_fp", "_trie", "ignore_fields")
 
     def __init__(self, ignore_fields: list[str] | tuple[str, ...] = ()) -> None:
         self.ignore_fields = list(ignore_fields)
         self._trie = compile_ignore_paths(self.ignore_fields)
+        # The informer's slim cache and the change detector hash the same object
+        # one after the other; the second asks again for the object it holds.
+        # (Objects are never mutated, and holding the last one keeps its id unique.)
+        self._last: RawObject | None = None
+        self._last_fp = ""
 
     def fingerprint(self, obj: RawObject) -> str:
+        if obj is self._last:
+            return self._last_fp
         stripped = transform_paths(obj, self._trie, None)
-        return xxhash.xxh3_128_hexdigest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
+        fp = xxhash.xxh3_128_hexdigest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
+        self._last, self._last_fp = obj, fp
+        return fp
 
 
 # Digest states, as stored in checkpoints (write-ahead, see bridge/outbox.py).
