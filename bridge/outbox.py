@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from bridge.changes import DELETING, UNCERTAIN, Digest
 from bridge.events import Event
@@ -227,22 +227,30 @@ class Outbox:
         for e in entries:
             final[e.key] = e
         ahead = []
+        uncertain, opened = self.uncertain, self._open
         for key, e in final.items():
-            deletes = self._open[key].deletes
-            unresolved = self.uncertain.get(key)
+            deletes = opened[key].deletes
+            unresolved = uncertain.get(key) if uncertain else None
             if unresolved is not None:
                 # A restart's re-sent delete of an earlier uid: the key's uncertain
                 # state from the previous run may still be on the bus and must stay
                 # known until a decision resolves it.
-                row = replace(unresolved, prior="")
+                uid, rv, fp, state = (
+                    unresolved.uid,
+                    unresolved.resource_version,
+                    unresolved.fingerprint,
+                    unresolved.state,
+                )
             elif e.digest is None:
-                row = Digest(key, e.uid, e.event.resource_version, "", DELETING)
+                uid, rv, fp, state = e.uid, e.event.resource_version, "", DELETING
             else:
-                row = replace(e.digest, state=UNCERTAIN)
-            prior = [uid for seq, uid in deletes if seq <= last and uid != row.uid]
-            if prior:
-                row = replace(row, prior=",".join(dict.fromkeys(prior)))
-            ahead.append(row)
+                d = e.digest
+                uid, rv, fp, state = d.uid, d.resource_version, d.fingerprint, UNCERTAIN
+            prior = ""
+            if deletes:
+                gone = [u for seq, u in deletes if seq <= last and u != uid]
+                prior = ",".join(dict.fromkeys(gone))
+            ahead.append(Digest(key, uid, rv, fp, state, prior))
         return Batch(entries, ahead)
 
     def acknowledged(self, batch: Batch) -> None:

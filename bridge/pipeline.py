@@ -461,10 +461,9 @@ class ResourcePipeline:
         events = batch.events
         refused = await self._send(events)
         stats = self.stats
-        for i, event in enumerate(events):
-            if i not in refused:
-                stats.published += 1
-                stats.by_type[event.type.rsplit(".", 1)[-1]] += 1
+        landed = [e for i, e in enumerate(events) if i not in refused] if refused else events
+        stats.published += len(landed)
+        stats.by_type.update(map(_change_of, landed))
         if refused:
             await self._settle_refused(batch, refused)
 
@@ -489,7 +488,7 @@ class ResourcePipeline:
                 else:
                     outcome = "truncated"
                     self.stats.published += 1
-                    self.stats.by_type[event.type.rsplit(".", 1)[-1]] += 1
+                    self.stats.by_type[_change_of(event)] += 1
             else:
                 outcome = "skipped"
             self.stats.poison[outcome] += 1
@@ -542,6 +541,10 @@ class ResourcePipeline:
         self.stats.last_commit = self._clock()
         if self._metrics is not None:
             self._metrics.set_checkpoint(self.label, commit.watermark)
+
+
+def _change_of(event: Event) -> str:
+    return event.type.rpartition(".")[2]
 
 
 def _after(resource_version: str, watermark: str) -> bool:

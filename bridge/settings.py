@@ -183,7 +183,12 @@ class KafkaSettings(_Section):
     acks: Literal["all", 0, 1] = "all"
     enable_idempotence: bool = True
     compression: Literal["gzip", "snappy", "lz4", "zstd"] | None = None
-    linger_ms: int = Field(default=5, ge=0)
+    linger_ms: int = Field(
+        default=0,
+        ge=0,
+        description="The producer's own linger; the pipeline already batches what was decided "
+        "meanwhile, so more only delays every batch",
+    )
     max_batch_size: int = Field(default=16384, gt=0)
     max_request_size: int = Field(
         default=1_048_576,

@@ -88,7 +88,7 @@ class KafkaSink:
         acks: str | int = "all",
         enable_idempotence: bool = True,
         compression: str | None = None,
-        linger_ms: int = 5,
+        linger_ms: int = 0,
         max_batch_size: int = 1_048_576,
         security_protocol: str = "PLAINTEXT",
         sasl_mechanism: str | None = None,
