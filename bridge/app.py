@@ -59,41 +59,11 @@ def build_sink(settings: Settings) -> Sink:
     if kind == "nats":
         from bridge.sinks.nats import NatsSink
 
-        n = settings.sink.nats
-        return NatsSink(
-            servers=n.servers,
-            stream=n.stream,
-            subjects=n.subjects,
-            create_stream=n.create_stream,
-            max_in_flight=n.max_in_flight,
-            credentials=n.credentials,
-            nkey_seed=n.nkey_seed,
-            tls_ca=n.tls.ca if n.tls else None,
-            tls_cert=n.tls.cert if n.tls else None,
-            tls_key=n.tls.key if n.tls else None,
-        )
+        return NatsSink.from_settings(settings.sink.nats)
     if kind == "kafka":
         from bridge.sinks.kafka import KafkaSink
 
-        k = settings.sink.kafka
-        return KafkaSink(
-            bootstrap_servers=k.bootstrap_servers,
-            topic=k.topic,
-            acks=k.acks,
-            enable_idempotence=k.enable_idempotence,
-            compression=k.compression,
-            linger_ms=k.linger_ms,
-            max_batch_size=k.max_batch_size,
-            max_request_size=k.max_request_size,
-            security_protocol=k.security_protocol,
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_username=k.sasl_username,
-            sasl_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-            ssl_cafile=k.ssl.cafile if k.ssl else None,
-            ssl_certfile=k.ssl.certfile if k.ssl else None,
-            ssl_keyfile=k.ssl.keyfile if k.ssl else None,
-            state_table=k.state_table,
-        )
+        return KafkaSink.from_settings(settings.sink.kafka)
     raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
 
 

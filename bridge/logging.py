@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, MutableMapping
 from typing import Any, Literal, TextIO
 
 import orjson
@@ -105,12 +106,45 @@ def configure_logging(
             foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
         )
     )
+    handler.addFilter(LibraryRateLimit())
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_k8s_bridge", False)]:
         root.removeHandler(old)
     handler._k8s_bridge = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(numeric)
+
+
+class LibraryRateLimit(logging.Filter):
+    """At most one line per ``every`` seconds for each message of a client library.
+
+    During an outage a client library (aiokafka: ~300 lines in 13 s) repeats
+    the same complaint at every reconnect; the bridge's own warnings already
+    say what is wrong at a bounded rate. The next line that passes says how
+    many like it were held back. The bridge's own loggers are never limited.
+    """
+
+    def __init__(self, every: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every = every
+        self._clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("bridge"):
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.every:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} ({last[1]} more like this in the last {now - last[0]:.0f}s)"
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return True
 
 
 def _dumps(obj: Any, **_: Any) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiokafka.errors as kerrors
 import orjson
@@ -26,6 +26,9 @@ from aiokafka import AIOKafkaProducer
 
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 from bridge.events import Event
+
+if TYPE_CHECKING:
+    from bridge.settings import KafkaSettings
 
 _TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
 
@@ -89,7 +92,7 @@ class KafkaSink:
         enable_idempotence: bool = True,
         compression: str | None = None,
         linger_ms: int = 0,
-        max_batch_size: int = 1_048_576,
+        max_batch_size: int = 16384,
         security_protocol: str = "PLAINTEXT",
         sasl_mechanism: str | None = None,
         sasl_username: str | None = None,
@@ -142,6 +145,28 @@ class KafkaSink:
                 ctx.load_cert_chain(ssl_certfile, ssl_keyfile)
             self._options["ssl_context"] = ctx
         self._producer: AIOKafkaProducer | None = None
+
+    @classmethod
+    def from_settings(cls, k: KafkaSettings) -> KafkaSink:
+        """The sink of a validated ``sink.kafka`` section (the defaults live there)."""
+        return cls(
+            bootstrap_servers=k.bootstrap_servers,
+            topic=k.topic,
+            acks=k.acks,
+            enable_idempotence=k.enable_idempotence,
+            compression=k.compression,
+            linger_ms=k.linger_ms,
+            max_batch_size=k.max_batch_size,
+            max_request_size=k.max_request_size,
+            security_protocol=k.security_protocol,
+            sasl_mechanism=k.sasl_mechanism,
+            sasl_username=k.sasl_username,
+            sasl_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+            ssl_cafile=k.ssl.cafile if k.ssl else None,
+            ssl_certfile=k.ssl.certfile if k.ssl else None,
+            ssl_keyfile=k.ssl.keyfile if k.ssl else None,
+            state_table=k.state_table,
+        )
 
     @property
     def where(self) -> str:

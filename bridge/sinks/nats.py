@@ -23,7 +23,7 @@ import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
@@ -35,6 +35,9 @@ from nats.aio.subscription import Subscription
 
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import Event
+
+if TYPE_CHECKING:
+    from bridge.settings import NatsSettings
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +306,22 @@ class NatsSink:
         self._nc: Client | None = None
         self._publisher: JetStreamPublisher | None = None
         self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_settings(cls, n: NatsSettings) -> NatsSink:
+        """The sink of a validated ``sink.nats`` section (the defaults live there)."""
+        return cls(
+            servers=n.servers,
+            stream=n.stream,
+            subjects=n.subjects,
+            create_stream=n.create_stream,
+            max_in_flight=n.max_in_flight,
+            credentials=n.credentials,
+            nkey_seed=n.nkey_seed,
+            tls_ca=n.tls.ca if n.tls else None,
+            tls_cert=n.tls.cert if n.tls else None,
+            tls_key=n.tls.key if n.tls else None,
+        )
 
     @property
     def where(self) -> str:

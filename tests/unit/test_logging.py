@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from bridge.logging import configure_logging, get_logger
+from bridge.logging import LibraryRateLimit, configure_logging, get_logger
 
 # Imports every bridge module first, configures (JSON, level warning) second, then
 # logs from each module's logger; prints nothing itself.
@@ -123,3 +123,21 @@ def test_a_logger_follows_each_new_configuration_and_binds_lazily() -> None:
     assert captured == [
         {"event": "captured", "logger": "bridge.test", "part": "one", "log_level": "warning"}
     ]
+
+
+def test_a_client_library_repeating_itself_is_held_to_one_line_per_period() -> None:
+    """An outage makes aiokafka repeat one complaint hundreds of times; the bridge's
+    own warnings are never limited."""
+    now = [0.0]
+    limit = LibraryRateLimit(every=30.0, clock=lambda: now[0])
+
+    def record(name: str, msg: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, (), None)
+
+    passed = [limit.filter(record("aiokafka", "Unable connect to %s")) for _ in range(294)]
+    assert passed.count(True) == 1
+    assert all(limit.filter(record("bridge.pipeline", "publish failed")) for _ in range(5))
+    now[0] = 31.0
+    again = record("aiokafka", "Unable connect to %s")
+    assert limit.filter(again)
+    assert "293 more like this" in str(again.msg)
