@@ -157,6 +157,9 @@ class BridgeApp:
         self._sink_started = False
         self._api_error: str | None = None
         self._on_ready = on_ready
+        # Why the bus looks unreachable (a failed probe), for readiness; None: fine.
+        self._sink_unreachable: str | None = None
+        self.sink_probe_interval = 2.0
         # One retry policy for every loop that waits for something to come back.
         self._backoff: Callable[[], Backoff] = backoff or (
             lambda: Backoff(initial=0.5, cap=30.0, jitter=0.2)
@@ -170,6 +173,8 @@ class BridgeApp:
             reasons.append(f"api: {self._api_error}")
         if not self._sink_started:
             reasons.append(f"sink {self.settings.sink.kind}: not connected")
+        elif self._sink_unreachable is not None:
+            reasons.append(f"sink {self.settings.sink.kind}: {self._sink_unreachable}")
         # A standby replica (not leading) runs no pipelines and is ready to take over.
         if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
@@ -341,6 +346,7 @@ class BridgeApp:
                 PipelineObserver(self.pipelines, self.metrics).run(), name="observer"
             )
         )
+        waiters.append(asyncio.create_task(self._probe_sink(), name="sink-probe"))
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
@@ -363,6 +369,18 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _probe_sink(self) -> None:
+        """Ask the bus now and then whether it answers: with no events flowing, a bus
+        that went away would otherwise go unnoticed until the next publish."""
+        every = self.sink_probe_interval
+        while True:
+            await asyncio.sleep(every)
+            try:
+                ok = await asyncio.wait_for(self.sink.ping(), every)
+            except Exception:  # a probe that fails in any way is an unreachable bus
+                ok = False
+            self._sink_unreachable = None if ok else "does not answer a ping"
 
     async def _notify_ready(self) -> None:
         while not self.readiness()[0]:

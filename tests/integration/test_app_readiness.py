@@ -24,6 +24,7 @@ from bridge.errors import UnknownKindError
 from bridge.settings import Settings, load_settings
 from bridge.sinks.memory import MemorySink
 from tests.e2e.bridge_process import until
+from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -206,3 +207,22 @@ async def test_unknown_kind_at_start_raises_naming_the_kind(
         await asyncio.wait_for(app.run(asyncio.Event()), 10)
     assert "example.com/v1" in str(info.value)
     assert app.pipelines == [] and sink.events == []
+
+
+async def test_a_bus_that_goes_away_while_nothing_is_published_turns_readiness_503(
+    kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """No events flow, so no publish fails: the periodic probe notices, and recovers."""
+    settings = settings_for(
+        kubeconfig, sink={"kind": "nats", "nats": {"servers": [nats_control.url]}}
+    )
+    app = BridgeApp(settings, checkpoints=MemoryCheckpointStore())
+    app.sink_probe_interval = 0.2
+    async with running(app) as r:
+        await until(lambda: status_is(r, 200), 15)
+        nats_control.stop()
+        await until(lambda: status_is(r, 503), 5)
+        _, text = await r.readyz()
+        assert "sink nats: does not answer a ping" in text
+        nats_control.start()
+        await until(lambda: status_is(r, 200), 15)
