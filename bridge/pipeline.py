@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from bridge.aiotasks import cancel_and_wait, run_group
 from bridge.changes import (
@@ -58,6 +59,8 @@ from bridge.outbox import Batch, Outbox
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 PoisonPolicy = Literal["truncate", "skip", "fail"]
 
@@ -395,7 +398,6 @@ class ResourcePipeline:
 
     async def _writer(self) -> None:
         s = self.settings
-        backoff = self._backoff()
         while True:
             if not self.outbox.queued:
                 self._decided.clear()
@@ -405,23 +407,14 @@ class ResourcePipeline:
             batch = self.outbox.take(s.max_batch)
             if batch is None:
                 continue
-            while True:
-                try:
-                    await self._checkpoints.commit(self.resource_id, None, batch.ahead, ())
-                except CheckpointError as e:
-                    self.checkpoint_healthy = False
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "write-ahead failed; will retry",
-                        resource=self.label,
-                        error=str(e),
-                        retry_in=round(delay, 2),
-                    )
-                    await asyncio.sleep(delay)
-                    continue
-                break
-            self.checkpoint_healthy = True
-            backoff.reset()
+            await self._retrying(
+                functools.partial(
+                    self._checkpoints.commit, self.resource_id, None, batch.ahead, ()
+                ),
+                CheckpointError,
+                "write-ahead",
+                self._checkpoint_health,
+            )
             await self._to_send.put(batch)
 
     async def _sender(self) -> None:
@@ -433,29 +426,47 @@ class ResourcePipeline:
 
     async def _send(self, events: list[Event]) -> dict[int, str]:
         """Publish until the bus answers; only "bus unavailable" is retried."""
+        started = time.perf_counter()
+        refused = await self._retrying(
+            lambda: self._sink.publish(events), SinkUnavailableError, "publish", self._sink_health
+        )
+        if self._metrics is not None:
+            self._metrics.publish_latency.labels(sink=type(self._sink).__name__).observe(
+                time.perf_counter() - started
+            )
+        return dict(refused or {})
+
+    async def _retrying(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        retry_on: type[Exception],
+        what: str,
+        health: Callable[[bool], None],
+    ) -> T:
+        """``attempt`` until it succeeds, backing off while it raises ``retry_on``."""
         backoff = self._backoff()
         while True:
-            started = time.perf_counter()
             try:
-                refused = await self._sink.publish(events)
-            except SinkUnavailableError as e:
-                self.sink_healthy = False
+                result = await attempt()
+            except retry_on as e:
+                health(False)
                 delay = backoff.next_delay()
                 log.warning(
-                    "publish failed; will retry",
+                    f"{what} failed; will retry",
                     resource=self.label,
-                    events=len(events),
                     error=str(e),
                     retry_in=round(delay, 2),
                 )
                 await asyncio.sleep(delay)
                 continue
-            self.sink_healthy = True
-            if self._metrics is not None:
-                self._metrics.publish_latency.labels(sink=type(self._sink).__name__).observe(
-                    time.perf_counter() - started
-                )
-            return dict(refused or {})
+            health(True)
+            return result
+
+    def _sink_health(self, ok: bool) -> None:
+        self.sink_healthy = ok
+
+    def _checkpoint_health(self, ok: bool) -> None:
+        self.checkpoint_healthy = ok
 
     async def _publish(self, batch: Batch) -> None:
         events = batch.events

@@ -163,7 +163,12 @@ def changes(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 async def cli(
     *args: str, timeout: float = 30.0, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
-    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr)."""
+    """``python -m bridge.cli ARGS`` as a process: (exit code, stdout, stderr).
+
+    Without ``env`` it runs in this environment less ``KUBECONFIG``: the config
+    under test names its kubeconfig, as it would in production."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -6,14 +6,12 @@ stops ``run`` with exit 1 and one line naming the resource and the server's reas
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, write_config
 from tests.e2e.test_check import check, failures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -31,23 +29,6 @@ def config_with(tmp_path: Path, kubeconfig: Path, **pod: str) -> Path:
             {"apiVersion": "example.com/v1", "kind": "Widget"},
         ],
     )
-
-
-async def cli(*args: str) -> tuple[int, str, str]:
-    env = dict(os.environ)
-    env.pop("KUBECONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bridge.cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_label_selector_syntax_error_fails_config_validate_naming_the_key(
