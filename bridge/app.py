@@ -374,13 +374,16 @@ class BridgeApp:
         """Ask the bus now and then whether it answers: with no events flowing, a bus
         that went away would otherwise go unnoticed until the next publish."""
         every = self.sink_probe_interval
+        failed = 0
         while True:
             await asyncio.sleep(every)
             try:
                 ok = await asyncio.wait_for(self.sink.ping(), every)
             except Exception:  # a probe that fails in any way is an unreachable bus
                 ok = False
-            self._sink_unreachable = None if ok else "does not answer a ping"
+            # Two misses in a row: one slow answer under load is not an outage.
+            failed = 0 if ok else failed + 1
+            self._sink_unreachable = "does not answer a ping" if failed >= 2 else None
 
     async def _notify_ready(self) -> None:
         while not self.readiness()[0]:
