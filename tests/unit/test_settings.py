@@ -94,7 +94,7 @@ def test_defaults_of_every_section(tmp_path: Path) -> None:
     assert not le.enabled and le.lease_name == "k8s-bridge" and le.namespace == "default"
     assert (le.lease_duration, le.renew_deadline, le.retry_period) == (15, 10, 2)
     assert (settings.sharding.shards, settings.sharding.shard_index) == (1, 0)
-    assert settings.sink.kafka.linger_ms == 5 and settings.sink.kafka.enable_idempotence
+    assert settings.sink.kafka.linger_ms == 0 and settings.sink.kafka.enable_idempotence
 
 
 def test_snake_case_keys_are_accepted_too(tmp_path: Path) -> None:
