@@ -331,6 +331,8 @@ class ResourcePipeline:
 
     async def on_update(self, old: RawObject, new: RawObject) -> None:
         self._observe()
+        if FINGERPRINT_FIELD in new:
+            return  # a resync of a cached (slim) record: never news, never a confirmation
         uncertain = self.outbox.resolve(namespace_key(new))
         if uncertain is not None:
             self._decide(*self._confirm(uncertain, new))

@@ -324,3 +324,20 @@ async def test_shutdown_publishes_what_was_decided_and_commits_it(
     cp = await harness.checkpoints.load(RID)
     assert cp is not None and cp.resource_version == str(emulator.resource_version)
     assert {d.state for d in cp.digests.values()} == {CERTAIN}
+
+
+async def test_a_resync_of_an_uncertain_key_is_not_news(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """A periodic resync re-delivers the cached record itself: it neither publishes
+    nor settles the key (only news from the API server does)."""
+    emulator.create(pod("waiting"))
+    uncertain = await digest_of_live(harness, "waiting")
+    await harness.checkpoints.commit(RID, "1", [uncertain], [])
+    p = await harness.pipeline()
+    await p.load()
+    assert p.informer is not None
+    record = p.informer.store.get_by_key("default/waiting")
+    assert record is not None
+    await p.on_update(record, record)
+    assert p.outbox.last_seq == 0 and p.outbox.is_open("default/waiting")
