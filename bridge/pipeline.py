@@ -350,20 +350,13 @@ class ResourcePipeline:
         """The first news of a key a previous run left uncertain (its event may be on the
         bus): the changes to publish, and the resourceVersion their id keeps, if any."""
         d = self._detector.digest_of(obj)
-        if d.uid != uncertain.uid:
-            gone = object_from_digest(
-                uncertain, api_version=self._builder.api_version, kind=self._builder.kind
-            )
-            return [
-                Change(ChangeKind.DELETED, gone, d.key, tombstone=True),
-                Change(ChangeKind.ADDED, obj, d.key, digest=d),
-            ], None
-        if d.fingerprint == uncertain.fingerprint:
+        if d.uid == uncertain.uid and d.fingerprint == uncertain.fingerprint:
             # Unchanged: republish with the id it was written ahead with.
             rv = uncertain.resource_version
             digest = Digest(d.key, d.uid, rv, d.fingerprint)
             return [Change(ChangeKind.MODIFIED, obj, d.key, digest=digest)], rv
-        return [Change(ChangeKind.MODIFIED, obj, d.key, digest=d)], None
+        # Changed, or another object of the same name: as any update against a digest.
+        return self._detector.on_update(uncertain, obj), None
 
     def _decide(self, changes: list[Change], resource_version: str | None = None) -> None:
         if not changes:
