@@ -7,9 +7,6 @@ verb and resource, the sink, the config key).
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ import pytest
 import yaml
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import free_port, write_config
+from tests.e2e.bridge_process import cli, free_port, write_config
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -26,27 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 async def check(config: Path, timeout: float = 40.0) -> tuple[int, list[str], str]:
     """Run ``k8s-bridge check --config``; return (exit code, stdout lines, stderr)."""
-    env = dict(os.environ)
-    env.pop("KUBECONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bridge.cli",
-        "check",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"check did not finish in {timeout}s") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode().splitlines(), err.decode()
+    code, out, err = await cli("check", "--config", str(config), timeout=timeout)
+    return code, out.splitlines(), err
 
 
 def nats_config(tmp_path: Path, kubeconfig: Path, url: str, **extra: Any) -> Path:
