@@ -27,12 +27,15 @@ digests costs about one round trip, not thousands.
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterable
 
 import nats.errors
+import nats.js.api
 import nats.js.errors
 import orjson
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from bridge.changes import Digest
@@ -47,7 +50,9 @@ from bridge.sinks.nats import (
     tls_context,
 )
 
-_DEL = {"KV-Operation": "DEL"}
+_KV_OP = "KV-Operation"
+_KV_MARKER = "Nats-Marker-Reason"
+_DEL = {_KV_OP: "DEL"}
 
 
 def _digest_value(d: Digest) -> bytes:
@@ -101,6 +106,7 @@ class NatsKvCheckpointStore:
         self._prefix = f"$KV.{bucket}."
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
+        self._js: JetStreamContext | None = None
         self._publisher: JetStreamPublisher | None = None
 
     @property
@@ -131,7 +137,7 @@ class NatsKvCheckpointStore:
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             await close_quietly(nc)
             raise CheckpointError(f"{self.where}: cannot open: {exc!r}") from exc
-        self._nc, self._kv, self._publisher = nc, kv, publisher
+        self._nc, self._kv, self._publisher, self._js = nc, kv, publisher, js
 
     def _parts(self) -> tuple[KeyValue, JetStreamPublisher]:
         if self._kv is None or self._publisher is None:
@@ -149,24 +155,53 @@ class NatsKvCheckpointStore:
                 pass
             else:
                 watermark = _watermark(entry.value)
-            digests: dict[str, Digest] = {}
-            watcher = await kv.watch(f"{rid}.d.>", ignore_deletes=True)
-            try:
-                while True:
-                    item = await watcher.updates(timeout=self.ack_timeout)
-                    if item is None:
-                        break
-                    if item.value is None or item.operation is not None:
-                        continue
-                    key = _dec(item.key.rsplit(".", 1)[1])
-                    digests[key] = Digest(key, *orjson.loads(item.value))
-            finally:
-                await watcher.stop()
+            digests = await self._read_digests(rid)
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise CheckpointError(f"{self.where}: cannot load {resource_id}: {exc!r}") from exc
         if watermark is None and not digests:
             return None
         return Checkpoint(watermark or "", digests)
+
+    async def _read_digests(self, rid: str) -> dict[str, Digest]:
+        """Every digest of one resource, read through a pull consumer.
+
+        Not through ``KeyValue.watch``: its "no more initial values" marker is
+        decided from the consumer's pending count while pushed messages may
+        still sit unread in the client, so under load it can come first and a
+        load would see an empty bucket. A pull consumer's pending count is
+        exact before the first fetch, and every message says how many follow.
+        """
+        if self._js is None:
+            raise CheckpointError(f"{self.where}: store is not open")
+        config = nats.js.api.ConsumerConfig(
+            deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=nats.js.api.AckPolicy.NONE,
+            inactive_threshold=60.0,
+        )
+        sub = await self._js.pull_subscribe(
+            f"{self._prefix}{rid}.d.>", stream=f"KV_{self.bucket}", config=config
+        )
+        digests: dict[str, Digest] = {}
+        consumer = ""
+        try:
+            info = await sub.consumer_info()
+            consumer, remaining = info.name or "", info.num_pending or 0
+            while remaining > 0:
+                msgs = await sub.fetch(min(remaining, 2048), timeout=self.ack_timeout)
+                for msg in msgs:
+                    remaining = msg.metadata.num_pending or 0
+                    headers = msg.headers or {}
+                    if _KV_OP in headers or _KV_MARKER in headers or not msg.data:
+                        continue  # a deleted key (or a server-placed marker)
+                    key = _dec(msg.subject.rsplit(".", 1)[1])
+                    digests[key] = Digest(key, *orjson.loads(msg.data))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if consumer:
+                with contextlib.suppress(Exception):
+                    await self._js.delete_consumer(f"KV_{self.bucket}", consumer)
+        return digests
 
     async def commit(
         self,
@@ -199,7 +234,7 @@ class NatsKvCheckpointStore:
 
     async def close(self) -> None:
         nc, publisher = self._nc, self._publisher
-        self._nc = self._kv = self._publisher = None
+        self._nc = self._kv = self._publisher = self._js = None
         if publisher is not None:
             await publisher.stop()
         if nc is not None:
