@@ -111,7 +111,6 @@ async def test_unreachable_server_is_a_checkpoint_error() -> None:
         await s.load("r")
 
 
-
 async def test_every_load_reads_every_digest(store: NatsKvCheckpointStore) -> None:
     """Loads never come back short.
 
