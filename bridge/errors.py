@@ -121,8 +121,9 @@ class TooLargeResourceVersionError(ServerError):
 
 class ListRejectedError(KubeError):
     """The API server rejects the LIST itself (400), e.g. for a field selector the kind
-    does not support. client-go would retry it forever; the same request can never
-    succeed, so the bridge stops and says so instead of hanging silently."""
+    does not support, or forbids listing/watching before the resource ever synced
+    (403: missing RBAC rules). client-go would retry it forever; the same request can
+    never succeed, so the bridge stops and says so instead of hanging silently."""
 
 
 class DiscoveryError(KubeError):

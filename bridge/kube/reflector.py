@@ -13,7 +13,11 @@ then at most every ``warn_every`` seconds with the count since) and its state
 (``connected``, ``down_for``) is kept for readiness and metrics; and a LIST the
 server rejects as malformed (400, e.g. a field selector the kind does not
 support) is not retried but raised as ``ListRejectedError``: the same request
-can never succeed.
+can never succeed. So is a 403 before the first sync: the bridge was deployed
+without the RBAC rules to list or watch this resource, which needs a person,
+and a process that retried it would look alive while publishing nothing. A
+403 after a sync (a rule revoked at run time) is retried, visible as
+not-ready, so restoring the rule heals it without a restart.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bridge.errors import (
     ApiStatusError,
     BadRequestError,
     ExpiredError,
+    ForbiddenError,
     KubeConnectionError,
     KubeError,
     ListRejectedError,
@@ -334,6 +339,16 @@ class Reflector:
         Returns when the watch ended in a way that needs a relist (checklist 8);
         raises KubeError for failures.
         """
+        try:
+            await self._list_then_watch()
+        except ForbiddenError as e:
+            if self._synced:
+                raise
+            raise ListRejectedError(
+                f"the API server forbids it: {e} (the RBAC rules must allow list and watch)"
+            ) from e
+
+    async def _list_then_watch(self) -> None:
         async with AsyncExitStack() as stack:
             events: AsyncIterator[WatchEvent] | None = None
             if self._start_rv is not None:

@@ -326,7 +326,9 @@ async def test_other_watch_errors_back_off_and_relist() -> None:
 async def test_list_failures_back_off_and_retry() -> None:
     lw = ScriptedListerWatcher()
     lw.add_list(
-        ForbiddenError("pods is forbidden"), KubeConnectionError("refused"), list_response([], 5)
+        ServerError("etcdserver: request timed out"),
+        KubeConnectionError("refused"),
+        list_response([], 5),
     )
     r = Reflector(lw, RecordingStore(), settings=OFF, rng=lambda: 0.0)
     async with running(r):
@@ -618,6 +620,27 @@ async def test_a_list_the_server_rejects_as_malformed_is_raised_not_retried() ->
         await asyncio.wait_for(r.run(), 60)
     assert len(lw.list_calls()) == 1
     assert not r.connected
+
+
+async def test_a_forbidden_list_before_the_first_sync_is_raised_not_retried() -> None:
+    """Not client-go: a 403 at start means missing RBAC rules; retrying looks alive, publishes nothing."""
+    lw = ScriptedListerWatcher()
+    lw.add_list(ForbiddenError('pods is forbidden: User "x" cannot list'), list_response([], 5))
+    r = Reflector(lw, RecordingStore(), settings=OFF)
+    with pytest.raises(ListRejectedError, match=r"forbids it: pods is forbidden.*RBAC"):
+        await asyncio.wait_for(r.run(), 60)
+    assert len(lw.list_calls()) == 1
+
+
+async def test_a_forbidden_watch_after_a_sync_is_retried() -> None:
+    """A rule revoked at run time heals when it is restored: retried, visible as not-ready."""
+    lw = ScriptedListerWatcher()
+    lw.add_list(list_response([], 5), ForbiddenError("pods is forbidden"), list_response([], 9))
+    lw.add_watch([ForbiddenError("pods is forbidden")], [HANG])
+    r = Reflector(lw, RecordingStore(), settings=OFF, rng=lambda: 0.0)
+    async with running(r):
+        await until(lambda: len(lw.watch_calls()) == 2)
+    assert len(lw.list_calls()) == 3
 
 
 async def test_a_server_error_on_list_is_still_retried() -> None:
