@@ -18,6 +18,28 @@ def positive_float(raw: str) -> float:
     return value
 
 
+def non_negative_int(raw: str) -> int:
+    """A whole number ≥ 0 (a count where 0 means "no limit")."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {raw!r}")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    """A finite number ≥ 0 (a duration where 0 means "no limit")."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {raw!r}")
+    return value
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (the project's rule for errors)."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from bridge import __version__
-from bridge.argtypes import OneLineParser, positive_float
+from bridge.argtypes import OneLineParser, non_negative_float, non_negative_int, positive_float
 from bridge.errors import BridgeError, ConfigError
 from bridge.stdio import EXIT_BROKEN_PIPE, discard_stdout
 
@@ -54,9 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     tail = sub.add_parser("tail", help="print events from the bus")
     _add_config_args(tail)
     tail.add_argument("--resource", help="only this kind (or apiVersion/kind)")
-    tail.add_argument("--count", type=int, default=0, help="stop after N events (0 = follow)")
+    tail.add_argument(
+        "--count", type=non_negative_int, default=0, help="stop after N events (0 = follow)"
+    )
     tail.add_argument("--from-start", action="store_true", help="start at the first event kept")
-    tail.add_argument("--timeout", type=float, default=0, help="stop after N idle seconds")
+    tail.add_argument(
+        "--timeout", type=non_negative_float, default=0, help="stop after N idle seconds"
+    )
 
     demo = sub.add_parser("demo", help="the bridge against an embedded API emulator, no setup")
     demo.add_argument("--sink", choices=["stdout", "nats", "kafka"], default="stdout")

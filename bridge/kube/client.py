@@ -20,14 +20,11 @@ from typing import Any
 
 import aiohttp
 import orjson
-import structlog
 import yaml
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
 from bridge.errors import ConfigError, KubeConnectionError, UnauthorizedError, status_error
-
-log = structlog.get_logger(__name__)
 
 Params = Mapping[str, str | int | bool] | None
 

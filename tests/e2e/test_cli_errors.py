@@ -215,6 +215,17 @@ async def test_demo_rate_0_is_refused_at_parse_time() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [("--count", "-1", "must be >= 0, got '-1'"), ("--timeout", "-5", "must be >= 0, got '-5'")],
+)
+async def test_tail_refuses_negative_counts_and_timeouts(flag: str, value: str, why: str) -> None:
+    rc, out, err = await cli("tail", "--config", "unused.yaml", flag, value, timeout=10)
+    assert rc == 2
+    assert out == ""
+    assert one_line(err) == f"k8s-bridge tail: argument {flag}: {why} (see k8s-bridge tail --help)"
+
+
 # -- the emulator ------------------------------------------------------------------------
 
 
