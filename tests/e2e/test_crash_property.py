@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sqlite3
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from bridge.changes import Fingerprinter
+from bridge.changes import CERTAIN, Fingerprinter
+from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.emulator import Emulator
 from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9, until, write_config
 from tests.fixtures.nats import NatsServer
@@ -164,8 +167,11 @@ def check_property(world: World, events: list[dict[str, Any]], seed: int, bus: s
         assert FINGERPRINT(obj) == FINGERPRINT(current), f"default/{name} stale {where}"
 
 
+Settled = Callable[[Emulator], Awaitable[bool]]
+
+
 async def crash_rounds(
-    emulator: Emulator, config: Path, rng: random.Random, rounds: int, db: Path
+    emulator: Emulator, config: Path, rng: random.Random, rounds: int, is_settled: Settled
 ) -> World:
     world = World(emulator, rng)
     for _ in range(1500):  # a first list long enough to be killed in the middle of
@@ -190,24 +196,44 @@ async def crash_rounds(
     try:
         await bridge.wait_ready(60)
         await world.churn(0.5)
-        await until(lambda: settled(db, emulator), 60, bridge.tail_log)
+        await until(lambda: is_settled(emulator), 60, bridge.tail_log)
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
     return world
 
 
-def settled(db: Path, emulator: Emulator) -> bool:
-    import sqlite3
+def sqlite_settled(db: Path) -> Settled:
+    """The checkpoint caught up: the watermark is the emulator's, nothing is uncertain."""
 
-    con = sqlite3.connect(db)
-    try:
-        row = con.execute(
-            "select resource_version from watermarks where resource_id = 'core/v1/pods'"
-        ).fetchone()
-        pending = con.execute("select count(*) from digests where state != ''").fetchone()[0]
-    finally:
-        con.close()
-    return row is not None and row[0] == str(emulator.resource_version) and pending == 0
+    async def settled(emulator: Emulator) -> bool:
+        con = sqlite3.connect(db)
+        try:
+            row = con.execute(
+                "select resource_version from watermarks where resource_id = 'core/v1/pods'"
+            ).fetchone()
+            pending = con.execute("select count(*) from digests where state != ''").fetchone()[0]
+        finally:
+            con.close()
+        return row is not None and row[0] == str(emulator.resource_version) and pending == 0
+
+    return settled
+
+
+def nats_kv_settled(url: str, bucket: str) -> Settled:
+    async def settled(emulator: Emulator) -> bool:
+        store = NatsKvCheckpointStore([url], bucket=bucket)
+        await store.open()
+        try:
+            cp = await store.load("core/v1/pods")
+        finally:
+            await store.close()
+        return (
+            cp is not None
+            and cp.resource_version == str(emulator.resource_version)
+            and all(d.state == CERTAIN for d in cp.digests.values())
+        )
+
+    return settled
 
 
 def CHECKPOINT(tmp_path: Path) -> dict[str, Any]:
@@ -230,12 +256,36 @@ async def test_kill9_at_random_moments_against_jetstream(
         resources=[{"apiVersion": "v1", "kind": "Pod"}],
         checkpoint=CHECKPOINT(tmp_path),
     )
-    world = await crash_rounds(emulator, config, random.Random(s), 8, tmp_path / "state.db")
+    world = await crash_rounds(
+        emulator, config, random.Random(s), 8, sqlite_settled(tmp_path / "state.db")
+    )
     events = await jetstream_events(nats_control.url)
     ids = [e["id"] for e in events]
     # The duplicate window drops every redelivery: ids are stable across crashes.
     assert len(ids) == len(set(ids)), f"an id reached the stream twice (CRASH_SEED={s})"
     check_property(world, events, s, "jetstream")
+
+
+async def test_kill9_at_random_moments_with_checkpoints_in_nats_kv(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """The same property with the checkpoint in a JetStream KV bucket (no disk)."""
+    s = seed()
+    bucket = "crash-" + uuid.uuid4().hex[:8]
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        checkpoint={"kind": "nats-kv", "bucket": bucket, "flushInterval": 1.0},
+    )
+    world = await crash_rounds(
+        emulator, config, random.Random(s), 6, nats_kv_settled(nats_control.url, bucket)
+    )
+    events = await jetstream_events(nats_control.url)
+    ids = [e["id"] for e in events]
+    assert len(ids) == len(set(ids)), f"an id reached the stream twice (CRASH_SEED={s})"
+    check_property(world, events, s, "jetstream+nats-kv")
 
 
 async def test_kill9_at_random_moments_against_kafka(
@@ -258,7 +308,9 @@ async def test_kill9_at_random_moments_against_kafka(
         resources=[{"apiVersion": "v1", "kind": "Pod"}],
         checkpoint=CHECKPOINT(tmp_path),
     )
-    world = await crash_rounds(emulator, config, random.Random(s), 5, tmp_path / "state.db")
+    world = await crash_rounds(
+        emulator, config, random.Random(s), 5, sqlite_settled(tmp_path / "state.db")
+    )
     events = await kafka_events(kafka_broker, topic)
     check_property(world, events, s, "kafka")
 
