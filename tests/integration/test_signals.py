@@ -153,7 +153,9 @@ async def test_a_snapshot_during_churn_keeps_resource_version_order_per_object(
         for before, e in zip(events, events[1:], strict=False):
             if change_of(e) == "snapshot":
                 # It announces exactly what the object's last change event published.
-                last = next(x for x in reversed(events[: events.index(e)]) if change_of(x) != "snapshot")
+                last = next(
+                    x for x in reversed(events[: events.index(e)]) if change_of(x) != "snapshot"
+                )
                 assert e.resource_version == last.resource_version, subject
                 interleaved += change_of(before) != "snapshot"
     assert interleaved > 0
@@ -230,8 +232,10 @@ async def test_a_heartbeat_carries_the_committed_watermark_not_the_watch_positio
         await wait_for(lambda: p.outbox.unacknowledged == 1)
         assert p.informer is not None and p.informer.reflector is not None
         await wait_for(
-            lambda: p.informer.reflector.last_sync_resource_version  # type: ignore[union-attr]
-            == str(emulator.resource_version)
+            lambda: (
+                p.informer.reflector.last_sync_resource_version  # type: ignore[union-attr]
+                == str(emulator.resource_version)
+            )
         )
         await asyncio.sleep(3 * FAST.flush_interval)
         assert await beat.beat()
