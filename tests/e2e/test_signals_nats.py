@@ -205,3 +205,31 @@ async def test_a_snapshot_during_churn_keeps_order_and_a_kill_during_one_republi
     assert published(metrics) == 0, restarted.tail_log()
     new = [e for e in after[len(before) :] if e["_subject"] != HEARTBEATS]
     assert new == []
+
+
+async def test_check_names_where_heartbeats_go_and_fails_when_the_stream_would_not_keep_them(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = signal_config(tmp_path, kubeconfig, nats_control, resources=pods_with_heartbeats(30))
+    code, out, err = await cli("check", "--config", str(config), timeout=40)
+    assert code == 0, (out, err)
+    assert f"ok    resource v1/Pod heartbeat: every 30s on {HEARTBEATS}" in out.splitlines()
+    narrow = signal_config(
+        tmp_path,
+        kubeconfig,
+        nats_control,
+        resources=pods_with_heartbeats(30),
+        sink={
+            "nats": {
+                "servers": [nats_control.url],
+                "stream": "NARROW",
+                "subjects": ["k8s.e2e.core.>"],
+            }
+        },
+    )
+    code, out, _ = await cli("check", "--config", str(narrow), timeout=40)
+    assert code == 1
+    assert any(
+        line.startswith("FAIL  resource v1/Pod heartbeat:") and "sink.nats.subjects" in line
+        for line in out.splitlines()
+    ), out

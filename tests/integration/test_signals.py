@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import itertools
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -102,7 +103,9 @@ async def test_a_snapshot_skips_objects_the_cache_does_not_hold_as_listed(
         record["metadata"] = {**record["metadata"], "resourceVersion": cached_rv}
         p.informer.store.delete(record)  # and one not cached at all
         p.informer.store.update(record)
-        p.informer.store.delete(p.informer.store.get_by_key("default/kept"))
+        kept = p.informer.store.get_by_key("default/kept")
+        assert kept is not None
+        p.informer.store.delete(kept)
         result = await take_snapshot(p, "sig2")
     assert result.announced == 0
     assert result.skipped == {"changed": 1, "not-cached": 1}
@@ -150,7 +153,7 @@ async def test_a_snapshot_during_churn_keeps_resource_version_order_per_object(
     for subject, events in by_subject.items():
         rvs = [int(e.resource_version) for e in events]
         assert rvs == sorted(rvs), (subject, [(change_of(e), e.resource_version) for e in events])
-        for before, e in zip(events, events[1:], strict=False):
+        for before, e in itertools.pairwise(events):
             if change_of(e) == "snapshot":
                 # It announces exactly what the object's last change event published.
                 last = next(

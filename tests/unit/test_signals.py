@@ -13,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from bridge.changes import UNCERTAIN, Digest
+from bridge.check import subject_matches
 from bridge.cli import main
 from bridge.errors import ConfigError, SnapshotError
 from bridge.events import Event
@@ -139,7 +140,7 @@ def test_kafka_puts_heartbeats_on_their_own_topic() -> None:
     assert templated.topic_for(event("u", "1")) == "k8s.t.pods"
     chosen = KafkaSink(["k:9092"], heartbeat_topic="beats-{kind}")
     assert chosen.topic_for(beat) == "beats-Pod"
-    with pytest.raises(ConfigError, match="sink.kafka.heartbeatTopic"):
+    with pytest.raises(ConfigError, match=r"sink\.kafka\.heartbeatTopic"):
         KafkaSink(["k:9092"], heartbeat_topic="beats-{nope}")
 
 
@@ -248,6 +249,14 @@ def test_snapshot_without_a_running_bridge_exits_1_naming_host_and_port(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert f"cannot reach the bridge at 127.0.0.1:{port}" in err
+
+
+def test_check_matches_subjects_as_nats_does() -> None:
+    assert subject_matches("k8s.>", "k8s.dev.heartbeat.core.v1.pods._")
+    assert subject_matches("k8s.*.heartbeat.>", "k8s.dev.heartbeat.core.v1.pods._")
+    assert not subject_matches("k8s.dev.core.>", "k8s.dev.heartbeat.core.v1.pods._")
+    assert not subject_matches("k8s.>", "k8s")
+    assert not subject_matches("k8s.*", "k8s.a.b")
 
 
 def test_the_summary_names_the_signal_and_the_counts() -> None:
