@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 import socket
@@ -34,6 +35,7 @@ from bridge.errors import (
 )
 from bridge.events import EventBuilder
 from bridge.health import HealthServer
+from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
@@ -45,6 +47,7 @@ from bridge.observer import PipelineObserver
 from bridge.pipeline import PipelineSettings, ResourcePipeline
 from bridge.settings import ResourceSettings, Settings, resources_for_shard
 from bridge.sinks.base import Sink
+from bridge.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 
 log = get_logger(__name__)
 
@@ -151,6 +154,11 @@ class BridgeApp:
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.pipelines: list[ResourcePipeline] = []
+        # The configured resource each pipeline serves, for snapshot signals.
+        self.served: list[tuple[ResourceSettings, ResourcePipeline]] = []
+        self.heartbeats: list[Heartbeat] = []
+        # Snapshot signals in progress, per pipeline label; cancelled with the pipelines.
+        self._snapshots: dict[str, asyncio.Task[SnapshotResult]] = {}
         self.client: KubeClient | None = None
         self.health: HealthServer | None = None
         self.leading = not settings.leader_election.enabled
@@ -256,6 +264,7 @@ class BridgeApp:
             reflector=reflector,
         )
         pipelines = []
+        self.served, self.heartbeats = [], []
         for r in resolved:
             res, info = r.settings, r.info
             fingerprinter = Fingerprinter(res.ignore_fields)
@@ -270,23 +279,32 @@ class BridgeApp:
                 )
                 builder = event_builder(s, res, info)
                 label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
-                pipelines.append(
-                    ResourcePipeline(
-                        resource_id=resource_id(info, ns, res),
-                        lw=lw,
-                        detector=ChangeDetector(fingerprinter),
-                        builder=builder,
-                        sink=self.sink,
-                        checkpoints=self.checkpoints,
-                        settings=replace(
-                            pipeline_settings,
-                            poison_policy=res.poison_policy or s.sink.poison_policy,
-                        ),
-                        metrics=self.metrics,
-                        label=label,
-                        backoff=self._backoff,
-                    )
+                pipeline = ResourcePipeline(
+                    resource_id=resource_id(info, ns, res),
+                    lw=lw,
+                    detector=ChangeDetector(fingerprinter),
+                    builder=builder,
+                    sink=self.sink,
+                    checkpoints=self.checkpoints,
+                    settings=replace(
+                        pipeline_settings,
+                        poison_policy=res.poison_policy or s.sink.poison_policy,
+                    ),
+                    metrics=self.metrics,
+                    label=label,
+                    backoff=self._backoff,
                 )
+                pipelines.append(pipeline)
+                self.served.append((res, pipeline))
+                if res.heartbeat_interval:
+                    target = HeartbeatTarget(
+                        s.cluster.name, info.group, info.version, info.kind, info.plural, ns
+                    )
+                    self.heartbeats.append(
+                        Heartbeat(
+                            pipeline, HeartbeatBuilder(target, res.heartbeat_interval), self.sink
+                        )
+                    )
         return pipelines
 
     # -- running ----------------------------------------------------------------
@@ -311,7 +329,15 @@ class BridgeApp:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
         s = self.settings
-        self.health = HealthServer(s.server.host, s.server.port, self.registry, self.readiness)
+        token = s.server.control_token
+        self.health = HealthServer(
+            s.server.host,
+            s.server.port,
+            self.registry,
+            self.readiness,
+            snapshot=self.snapshot,
+            control_token=token.get_secret_value() if token is not None else None,
+        )
         await self.health.start()
         log.info("health server listening", port=self.health.port)
         try:
@@ -347,6 +373,10 @@ class BridgeApp:
             )
         )
         waiters.append(asyncio.create_task(self._probe_sink(), name="sink-probe"))
+        waiters.extend(
+            asyncio.create_task(h.run(), name=f"heartbeat:{h.source.label}")
+            for h in self.heartbeats
+        )
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
@@ -360,8 +390,10 @@ class BridgeApp:
                 if error is not None:
                     raise error
         finally:
-            for t in [*tasks, *waiters]:
+            snapshots = list(self._snapshots.values())
+            for t in [*snapshots, *tasks, *waiters]:
                 t.cancel()
+            await asyncio.gather(*snapshots, return_exceptions=True)
             # Each pipeline publishes and checkpoints what it processed; a bus that
             # stays down must not keep the process from exiting.
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -369,6 +401,64 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+
+    # -- snapshot signals (POST /snapshot) ---------------------------------------
+
+    async def snapshot(self, wanted: str) -> dict[str, Any]:
+        """Re-announce every current object of the configured resource ``wanted`` (``Kind``
+        or ``apiVersion/Kind``) in every scope this replica serves; the counts as JSON."""
+        api_version, _, kind = wanted.rpartition("/")
+        configured = [
+            r
+            for r in self.settings.resources
+            if r.kind.lower() == kind.lower() and api_version in ("", r.api_version)
+        ]
+        if not configured:
+            raise SnapshotError(f"resource {wanted!r} is not configured", status=404)
+        if not self.leading:
+            raise SnapshotError("this replica is a standby (not leading): ask the leader")
+        targets = [p for res, p in self.served if res in configured and p in self.pipelines]
+        if not targets:
+            if self.pipelines:
+                raise SnapshotError(
+                    f"resource {wanted!r} is not served by this replica (sharding)", status=404
+                )
+            raise SnapshotError("pipelines not started yet; try again once /readyz is 200")
+        for p in targets:
+            if p.failed is not None:
+                raise SnapshotError(f"{p.label}: stopped: {p.failed}")
+            running = self._snapshots.get(p.label)
+            if running is not None and not running.done():
+                raise SnapshotError(f"{p.label}: a snapshot is already running", status=409)
+        signal_id = new_signal_id()
+        page_size = self.settings.informer.page_size
+        tasks = []
+        for p in targets:
+            task = asyncio.create_task(
+                take_snapshot(p, signal_id, page_size=page_size), name=f"snapshot:{p.label}"
+            )
+            self._snapshots[p.label] = task
+            task.add_done_callback(functools.partial(self._snapshot_done, p.label))
+            tasks.append(task)
+        log.info("snapshot signal", signal=signal_id, resources=[p.label for p in targets])
+        # Shielded: a client that hangs up does not stop the snapshot half way.
+        results = await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        total = SnapshotResult(signal_id)
+        for p, r in zip(targets, results, strict=True):
+            if isinstance(r, asyncio.CancelledError):
+                raise SnapshotError(f"{p.label}: the bridge is stopping")
+            if isinstance(r, SnapshotError):
+                raise r
+            if isinstance(r, BridgeError):
+                raise SnapshotError(f"{p.label}: {r}") from r
+            if isinstance(r, BaseException):
+                raise r
+            total.add(r)
+        return total.to_dict()
+
+    def _snapshot_done(self, label: str, task: asyncio.Task[SnapshotResult]) -> None:
+        if self._snapshots.get(label) is task:
+            del self._snapshots[label]
 
     async def _probe_sink(self) -> None:
         """Ask the bus now and then whether it answers: with no events flowing, a bus

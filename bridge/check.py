@@ -102,6 +102,8 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
                 f"served as {info.plural} ({'namespaced' if info.namespaced else 'cluster-scoped'})",
             )
             scopes: list[str | None] = list(res.namespaces) or [None]
+            if res.heartbeat_interval:
+                _check_heartbeat(settings, res, info, scopes, report)
             for ns in scopes:
                 scope = f"in namespace {ns}" if ns else "in all namespaces"
                 for verb in ("list", "watch"):
@@ -130,6 +132,52 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
     await _check_sink(settings, report, timeout)
     await _check_checkpoints(settings, report)
     return 1 if report.failed else 0
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(want) == len(got)
+
+
+def _check_heartbeat(
+    settings: Settings,
+    res: ResourceSettings,
+    info: ResourceInfo,
+    scopes: list[str | None],
+    report: _Report,
+) -> None:
+    """Where the resource's heartbeats go, and whether the NATS stream stores them."""
+    from bridge.heartbeat import HeartbeatTarget
+
+    what = f"resource {res.api_version}/{res.kind} heartbeat"
+    every = f"every {res.heartbeat_interval:g}s"
+    kind = settings.sink.kind
+    if kind == "kafka":
+        k = settings.sink.kafka
+        report.ok(what, f"{every} to topic {k.heartbeat_topic or k.topic + '.heartbeats'}")
+        return
+    if kind != "nats":
+        report.ok(what, f"{every} to {kind}")
+        return
+    stream = settings.sink.nats
+    for ns in scopes:
+        subject = HeartbeatTarget(
+            settings.cluster.name, info.group, info.version, info.kind, info.plural, ns
+        ).nats_subject
+        if any(subject_matches(p, subject) for p in stream.subjects):
+            report.ok(what, f"{every} on {subject}")
+        else:
+            report.fail(
+                what,
+                f"{subject} is outside sink.nats.subjects {stream.subjects}: the stream would "
+                "not store it",
+            )
 
 
 async def _check_sink(settings: Settings, report: _Report, timeout: float) -> None:

@@ -1,4 +1,5 @@
-"""The ``k8s-bridge`` command line: run | demo | check | replay | tail | emulator | config."""
+"""The ``k8s-bridge`` command line: run | demo | check | replay | snapshot | tail | emulator |
+config."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--resource", required=True, help="kind (or apiVersion/kind) to replay")
     replay.add_argument("--from-resource-version", required=True, dest="from_rv")
     replay.add_argument("--namespace", help="when the resource is configured per namespace")
+
+    snapshot = sub.add_parser(
+        "snapshot", help="ask the running bridge to re-announce every object of a resource"
+    )
+    _add_config_args(snapshot)
+    snapshot.add_argument("--resource", required=True, help="kind (or apiVersion/kind)")
+    snapshot.add_argument(
+        "--url", help="the bridge's server (default: http://server.host:server.port)"
+    )
+    snapshot.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds to wait for the counts"
+    )
 
     tail = sub.add_parser("tail", help="print events from the bus")
     _add_config_args(tail)
@@ -161,6 +174,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return run_until_signal(main)
 
 
+def _cmd_snapshot(args: argparse.Namespace) -> int:
+    from bridge.settings import load_settings
+    from bridge.snapshot import request_snapshot, summary
+
+    settings = load_settings(args.config, _overrides(args))
+    body = asyncio.run(
+        request_snapshot(settings, args.resource, url=args.url, timeout=args.timeout)
+    )
+    print(summary(body))
+    return 0
+
+
 def _cmd_tail(args: argparse.Namespace) -> int:
     from bridge.consumer import tail
     from bridge.logging import configure_logging
@@ -200,6 +225,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
     "check": _cmd_check,
     "replay": _cmd_replay,
+    "snapshot": _cmd_snapshot,
     "tail": _cmd_tail,
     "demo": _cmd_demo,
     "emulator": _cmd_emulator,

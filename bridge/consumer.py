@@ -21,6 +21,7 @@ import orjson
 from bridge.configured import find_resource
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import nats_token
+from bridge.heartbeat import HEARTBEAT_TYPE
 from bridge.logging import get_logger
 from bridge.settings import Settings
 
@@ -208,8 +209,13 @@ async def consume(
     resource: str | None = None,
     from_start: bool = False,
     dedupe: Deduplicator | None = None,
+    heartbeats: bool = False,
 ) -> AsyncGenerator[ReceivedEvent, None]:
-    """Yield the events of the configured bus once each (redeliveries dropped by id)."""
+    """Yield the events of the configured bus once each (redeliveries dropped by id).
+
+    Heartbeats (``io.k8s.bridge.heartbeat``, on NATS in the same subject space)
+    are not changes: they are dropped unless ``heartbeats`` asks for them.
+    """
     kind = settings.sink.kind
     source: AsyncGenerator[bytes, None]
     if kind == "nats":
@@ -227,6 +233,8 @@ async def consume(
             except ValueError as e:
                 # Another producer's message on the same topic/stream is not ours to fail on.
                 log.warning("skipping a message that is not a CloudEvent", error=str(e))
+                continue
+            if event.type == HEARTBEAT_TYPE and not heartbeats:
                 continue
             if dedupe.seen(event.id) or not _matches(event, resource):
                 continue

@@ -27,6 +27,7 @@ aiohttp, nats or aiokafka exception.
     │   └── SinkUnavailableError    the bus cannot be reached right now
     ├── PoisonEventError            the bus refused one event for good and the policy is "fail"
     ├── CheckpointError             the checkpoint store failed
+    ├── SnapshotError               a snapshot signal was refused or did not reach the bridge
     └── ListenError                 a server of ours cannot listen (its port is taken)
 """
 
@@ -152,6 +153,15 @@ class PoisonEventError(BridgeError):
 
 class CheckpointError(BridgeError):
     """Reading or writing a checkpoint failed."""
+
+
+class SnapshotError(BridgeError):
+    """A snapshot signal was refused (``status`` is the HTTP status the control endpoint
+    answers with) or could not reach the running bridge."""
+
+    def __init__(self, message: str, *, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ListenError(BridgeError):

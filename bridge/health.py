@@ -1,27 +1,47 @@
-"""The health and metrics HTTP server: ``/healthz``, ``/readyz``, ``/metrics``.
+"""The health and metrics HTTP server: ``/healthz``, ``/readyz``, ``/metrics``, and the
+control endpoint ``POST /snapshot?resource=KIND`` (bridge/snapshot.py).
 
 ``/healthz`` answers 200 while the event loop runs (a liveness probe that fails
 only when the process is wedged). ``/readyz`` asks the app's readiness callable
 and answers 503 with one line per failing reason, so ``kubectl describe`` and a
 curl show why. ``/metrics`` renders the instance's own registry.
+
+``POST /snapshot`` makes the bridge do work (a LIST, events on the bus), so it
+answers only POST (a scrape or a probe never triggers it), listens only where
+the server binds (``server.host``), and with ``server.controlToken`` set wants
+``Authorization: Bearer <token>``. Its answer is JSON: the counts, or
+``{"error": one line}`` with the status of the refusal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from bridge.errors import listen_error
+from bridge.errors import SnapshotError, listen_error
 
 Readiness = Callable[[], tuple[bool, list[str]]]
+# resource (Kind or apiVersion/Kind) → the snapshot's result as JSON; raises SnapshotError.
+Snapshotter = Callable[[str], Awaitable[dict[str, Any]]]
 
 
 class HealthServer:
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, readiness: Readiness
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        readiness: Readiness,
+        *,
+        snapshot: Snapshotter | None = None,
+        control_token: str | None = None,
     ) -> None:
+        self._snapshot = snapshot
+        self._control_token = control_token
         self._host = host
         self._requested_port = port
         self._registry = registry
@@ -48,6 +68,8 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        if self._snapshot is not None:
+            app.router.add_post("/snapshot", self._snapshot_request)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._requested_port)
@@ -95,3 +117,21 @@ class HealthServer:
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _snapshot_request(self, request: web.Request) -> web.Response:
+        assert self._snapshot is not None
+        if self._control_token is not None:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), self._control_token.encode()):
+                return web.json_response(
+                    {"error": "unauthorized: send Authorization: Bearer <server.controlToken>"},
+                    status=401,
+                )
+        resource = request.query.get("resource", "").strip()
+        if not resource:
+            return web.json_response({"error": "missing ?resource=KIND"}, status=400)
+        try:
+            result = await self._snapshot(resource)
+        except SnapshotError as e:
+            return web.json_response({"error": str(e).replace("\n", " ")}, status=e.status)
+        return web.json_response(result)

@@ -31,6 +31,13 @@ Invariants:
   certain; the checkpoint holds its write-ahead row until the ack.
 - **Order.** Batches leave in decision order and are acknowledged in that
   order (one publish at a time per resource), so per-object order holds.
+- **Announcements change nothing.** ``announce`` queues a re-announcement of
+  a key's current state (a snapshot signal, bridge/snapshot.py) in the same
+  order as decisions, but it writes nothing ahead, opens no key and dirties
+  none: the state it announces is already what the checkpoint knows (or what
+  an earlier decision of the key wrote ahead), so a crash while announcements
+  are in flight leaves the checkpoint exactly as it was, and the restart
+  republishes nothing for them.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ class Entry:
     uid: str
     event: Event
     digest: Digest | None
+    # A re-announcement (``Outbox.announce``): ordered like the rest, written ahead never.
+    announcement: bool = False
 
 
 @dataclass(slots=True)
@@ -183,6 +192,20 @@ class Outbox:
         self.touch(key)
         return entry
 
+    def announce(self, key: str, uid: str, event: Event) -> Entry:
+        """Queue ``event``, which re-announces the current state of ``key`` (already
+        known to the checkpoint), behind everything decided so far.
+
+        Nothing is written ahead for it and the key is neither opened nor dirtied:
+        it changes no state the checkpoint holds, so a crash before its ack needs
+        no repair. Events of ``key`` decided later still leave after it.
+        """
+        seq = self._next_seq
+        self._next_seq += 1
+        entry = Entry(seq, key, uid, event, None, announcement=True)
+        self._queue.append(entry)
+        return entry
+
     def touch(self, key: str) -> None:
         """The cached state of ``key`` changed (also without an event): commit it next time."""
         self._generation += 1
@@ -225,7 +248,8 @@ class Outbox:
         self.taken_seq = last
         final: dict[str, Entry] = {}
         for e in entries:
-            final[e.key] = e
+            if not e.announcement:  # an announcement adds nothing the bus may newly hold
+                final[e.key] = e
         ahead = []
         uncertain, opened = self.uncertain, self._open
         for key, e in final.items():

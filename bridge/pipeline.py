@@ -147,6 +147,9 @@ class ResourcePipeline:
         self._decided = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self._acked = asyncio.Event()
+        # When the bus last acknowledged a change (not an announcement), for heartbeats.
+        self.last_change_at: float | None = None
         self._to_send: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
         # Deletes a previous run wrote ahead without an ack: (key, uid, event).
         self._restart_deletes: list[tuple[str, str, Event]] = []
@@ -166,6 +169,58 @@ class ResourcePipeline:
 
     def checkpoint_lag(self) -> float:
         return self.outbox.lag()
+
+    # What heartbeats (bridge/heartbeat.py) and snapshots (bridge/snapshot.py) read.
+
+    def watch_up(self) -> bool:
+        reflector = self.informer.reflector if self.informer is not None else None
+        return reflector is not None and reflector.connected
+
+    def object_count(self) -> int:
+        return len(self.informer.store) if self.informer is not None else 0
+
+    def unacknowledged(self) -> int:
+        return self.outbox.unacknowledged
+
+    def seconds_since_last_change(self) -> float | None:
+        at = self.last_change_at
+        return None if at is None else max(0.0, self._clock() - at)
+
+    @property
+    def lister(self) -> ListerWatcher:
+        return self._lw
+
+    @property
+    def detector(self) -> ChangeDetector:
+        return self._detector
+
+    @property
+    def builder(self) -> EventBuilder:
+        return self._builder
+
+    def cached_digest(self, key: str) -> Digest | None:
+        """The cached state of ``key``: what its last decision (or the checkpoint) holds."""
+        return self._digest_of(key)
+
+    def is_uncertain(self, key: str) -> bool:
+        """A restart left ``key`` uncertain and no news of it has settled it yet."""
+        return key in self.outbox.uncertain
+
+    def announce(self, key: str, uid: str, event: Event) -> int:
+        """Queue a re-announcement of ``key``'s current state behind everything decided
+        (``Outbox.announce``); returns its sequence number."""
+        entry = self.outbox.announce(key, uid, event)
+        self._decided.set()
+        return entry.seq
+
+    async def wait_for_room(self) -> None:
+        await self._wait_for_room()
+
+    async def wait_acknowledged(self, seq: int) -> None:
+        """Until the bus has acknowledged every event up to ``seq``."""
+        while self.outbox.acked_seq < seq:
+            self._acked.clear()
+            await self._acked.wait()
 
     def _digest_of(self, key: str) -> Digest | None:
         """The cached state of ``key`` as a checkpoint digest (the cache is the one store)."""
@@ -402,6 +457,9 @@ class ResourcePipeline:
             batch = self.outbox.take(s.max_batch)
             if batch is None:
                 continue
+            if not batch.ahead:  # only announcements: nothing to write ahead
+                await self._to_send.put(batch)
+                continue
             await self._retrying(
                 functools.partial(
                     self._checkpoints.commit, self.resource_id, None, batch.ahead, ()
@@ -417,7 +475,10 @@ class ResourcePipeline:
             batch = await self._to_send.get()
             await self._publish(batch)
             self.outbox.acknowledged(batch)
+            if not all(e.announcement for e in batch.entries):
+                self.last_change_at = self._clock()
             self._room.set()
+            self._acked.set()
 
     async def _send(self, events: list[Event]) -> dict[int, str]:
         """Publish until the bus answers; only "bus unavailable" is retried."""

@@ -110,6 +110,12 @@ class ResourceSettings(_Section):
         description="What to do with an event the bus refuses for good (too large, not "
         "permitted); omitted: sink.poisonPolicy",
     )
+    heartbeat_interval: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds between io.k8s.bridge.heartbeat events of this resource (committed "
+        "watermark, object count, seconds since the last change, synced/watch up); omitted: none",
+    )
 
     @field_validator("label_selector")
     @classmethod
@@ -204,6 +210,12 @@ class KafkaSettings(_Section):
     state_table: bool = Field(
         default=False, description="Also publish the latest object per key to a compacted topic"
     )
+    heartbeat_topic: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Topic of heartbeat events (same placeholders as topic); omitted: "
+        "'{topic}.heartbeats'",
+    )
 
     @field_validator("acks", mode="before")
     @classmethod
@@ -271,6 +283,11 @@ class InformerSettings(_Section):
 class ServerSettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
+    control_token: SecretStr | None = Field(
+        default=None,
+        description="When set, POST /snapshot needs 'Authorization: Bearer <token>' "
+        "(k8s-bridge snapshot sends it from the same config)",
+    )
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")

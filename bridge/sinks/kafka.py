@@ -7,6 +7,11 @@ state): key = ``apiVersion/kind/namespace/name`` (namespace empty for
 cluster-scoped objects), value = the object JSON, and a null value (tombstone)
 when the object is deleted.
 
+Heartbeats (bridge/heartbeat.py) go to their own topic (``heartbeatTopic``,
+by default the change topic + ``.heartbeats``, placeholders filled from the
+heartbeat's resource), as structured CloudEvents keyed by the resource scope:
+consumers of changes, and a compacted state topic, never see one.
+
 ``publish`` hands every record to the producer without waiting, then awaits
 all delivery futures: the producer batches per partition (``linger_ms``), and
 aiokafka sends one request per broker at a time, so records of one key stay
@@ -26,6 +31,7 @@ from aiokafka import AIOKafkaProducer
 
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 from bridge.events import Event
+from bridge.heartbeat import HEARTBEAT_TYPE
 
 if TYPE_CHECKING:
     from bridge.settings import KafkaSettings
@@ -70,6 +76,33 @@ def event_coordinates(event: Event) -> dict[str, str]:
     }
 
 
+def heartbeat_coordinates(event: Event) -> dict[str, str]:
+    """The template fields of a heartbeat, read from its data (it has no change type)."""
+    data = event.data
+    group, _, version = str(data.get("apiVersion", "")).rpartition("/")
+    return {
+        "group": group or "core",
+        "version": version,
+        "kind": str(data.get("kind", "")),
+        "resource": str(data.get("resource", "")),
+        "cluster": str(data.get("cluster", "")),
+    }
+
+
+def _check_template(key: str, topic: str) -> bool:
+    """Whether ``topic`` has placeholders; ConfigError naming ``key`` for unknown ones."""
+    if "{" not in topic:
+        return False
+    try:
+        topic.format(**dict.fromkeys(_TEMPLATE_FIELDS, "x"))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"{key} {topic!r}: unknown placeholder {exc}; "
+            f"allowed: {', '.join('{' + f + '}' for f in _TEMPLATE_FIELDS)}"
+        ) from None
+    return True
+
+
 def state_key(event: Event) -> bytes:
     obj = event.data.get("object") or {}
     md = obj.get("metadata") or {}
@@ -104,20 +137,17 @@ class KafkaSink:
         request_timeout_ms: int = 30_000,
         delivery_timeout: float = 60.0,
         max_request_size: int = 1_048_576,
+        heartbeat_topic: str | None = None,
     ) -> None:
         self.bootstrap_servers = (
             [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
         )
         self.topic = topic
-        self._templated = "{" in topic
-        if self._templated:
-            try:
-                topic.format(**dict.fromkeys(_TEMPLATE_FIELDS, "x"))
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(
-                    f"sink.kafka.topic {topic!r}: unknown placeholder {exc}; "
-                    f"allowed: {', '.join('{' + f + '}' for f in _TEMPLATE_FIELDS)}"
-                ) from None
+        self._templated = _check_template("sink.kafka.topic", topic)
+        self.heartbeat_topic = heartbeat_topic or f"{topic}.heartbeats"
+        self._heartbeat_templated = _check_template(
+            "sink.kafka.heartbeatTopic", self.heartbeat_topic
+        )
         self._topics: dict[tuple[str, str], str] = {}
         self.state_table = state_table
         self.delivery_timeout = delivery_timeout
@@ -166,6 +196,7 @@ class KafkaSink:
             ssl_certfile=k.ssl.certfile if k.ssl else None,
             ssl_keyfile=k.ssl.keyfile if k.ssl else None,
             state_table=k.state_table,
+            heartbeat_topic=k.heartbeat_topic,
         )
 
     @property
@@ -188,6 +219,10 @@ class KafkaSink:
         self._producer = producer
 
     def topic_for(self, event: Event) -> str:
+        if event.type == HEARTBEAT_TYPE:
+            if not self._heartbeat_templated:
+                return self.heartbeat_topic
+            return self.heartbeat_topic.format(**heartbeat_coordinates(event))
         if not self._templated:
             return self.topic
         cache_key = (event.type.rsplit(".", 1)[0], event.source)
@@ -208,7 +243,7 @@ class KafkaSink:
             async with asyncio.timeout(self.delivery_timeout):
                 for i, e in enumerate(events):
                     try:
-                        if self.state_table:
+                        if self.state_table and e.type != HEARTBEAT_TYPE:
                             value = None if e.deleted else orjson.dumps(e.data.get("object"))
                             fut = await producer.send(
                                 self.topic_for(e), value, key=state_key(e), headers=e.headers
