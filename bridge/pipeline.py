@@ -49,9 +49,16 @@ from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
 from bridge.kube.backoff import Backoff
-from bridge.kube.informer import UNCONFIRMED, SharedInformer
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
+from bridge.kube.informer import SharedInformer
+from bridge.kube.objects import (
+    CachedObject,
+    DeletedFinalStateUnknown,
+    RawObject,
+    meta,
+    namespace_key,
+)
 from bridge.kube.protocols import ListerWatcher
+from bridge.kube.records import LooseRecord, PackedRecord, make_record
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
@@ -173,6 +180,8 @@ class ResourcePipeline:
         obj = informer.store.get_by_key(key) if informer is not None else None
         if obj is None:
             return None
+        if not isinstance(obj, dict):
+            return Digest(key, obj.uid, obj.resource_version, obj.fingerprint)
         fp = obj.get(FINGERPRINT_FIELD)
         if not isinstance(fp, str):
             return self._detector.digest_of(obj)
@@ -184,7 +193,7 @@ class ResourcePipeline:
     async def load(self) -> None:
         """Read the checkpoint and build the informer: resume where the last run stopped."""
         checkpoint = await self._checkpoints.load(self.resource_id)
-        records: list[RawObject] | None = None
+        records: list[CachedObject] | None = None
         watermark: str | None = None
         reflector = self.settings.reflector
         if checkpoint is not None:
@@ -259,14 +268,12 @@ class ResourcePipeline:
         event = self._builder.build(Change(ChangeKind.DELETED, gone, d.key, tombstone=True))
         self._restart_deletes.append((d.key, uid, event))
 
-    def _record_of(self, digest: Digest, *, unconfirmed: bool = False) -> RawObject:
-        record = object_from_digest(
-            digest, api_version=self._builder.api_version, kind=self._builder.kind
+    def _record_of(
+        self, digest: Digest, *, unconfirmed: bool = False
+    ) -> PackedRecord | LooseRecord:
+        return make_record(
+            digest.key, digest.uid, digest.resource_version, digest.fingerprint, unconfirmed
         )
-        record[FINGERPRINT_FIELD] = digest.fingerprint
-        if unconfirmed:
-            record[UNCONFIRMED] = True
-        return record
 
     # -- running ----------------------------------------------------------------
 
@@ -316,8 +323,12 @@ class ResourcePipeline:
 
     # -- the informer's handler -----------------------------------------------
 
-    async def on_add(self, obj: RawObject, is_in_initial_list: bool) -> None:
+    async def on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None:
         self._observe()
+        if not isinstance(obj, dict):
+            # A cached record is what a handler added late catches up on; this one
+            # is attached before the informer starts, so it never gets one.
+            return
         if is_in_initial_list:
             self.stats.listed += 1
         key = namespace_key(obj)
@@ -329,9 +340,9 @@ class ResourcePipeline:
             self._decide(self._detector.on_add(obj, None, initial=initial))
         await self._wait_for_room()
 
-    async def on_update(self, old: RawObject, new: RawObject) -> None:
+    async def on_update(self, old: CachedObject, new: CachedObject) -> None:
         self._observe()
-        if FINGERPRINT_FIELD in new:
+        if not isinstance(new, dict) or FINGERPRINT_FIELD in new:
             return  # a resync of a cached (slim) record: never news, never a confirmation
         uncertain = self.outbox.resolve(namespace_key(new))
         if uncertain is not None:
@@ -340,7 +351,7 @@ class ResourcePipeline:
             self._decide(self._detector.on_update(old, new))
         await self._wait_for_room()
 
-    async def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    async def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._observe()
         self.outbox.resolve(namespace_key(obj))
         self._decide(self._detector.on_delete(obj))

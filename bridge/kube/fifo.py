@@ -38,7 +38,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from bridge.errors import BridgeError
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, RawObject, namespace_key
 
 __all__ = [
     "REPLACE_YIELD_EVERY",
@@ -66,7 +66,7 @@ class DeltaType(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Delta:
     type: DeltaType
-    object: RawObject | DeletedFinalStateUnknown
+    object: CachedObject | DeletedFinalStateUnknown
 
 
 class FIFOClosedError(BridgeError):
@@ -78,10 +78,10 @@ class KeyListerGetter(Protocol):
 
     def list_keys(self) -> list[str]: ...
 
-    def get_by_key(self, key: str) -> RawObject | None: ...
+    def get_by_key(self, key: str) -> CachedObject | None: ...
 
 
-KeyFunc = Callable[[RawObject], str]
+KeyFunc = Callable[[CachedObject], str]
 PopProcessFunc = Callable[[list[Delta], bool], Awaitable[None]]
 
 # A streamed replace lets the consumer run after this many items. Short-lived
@@ -155,7 +155,7 @@ class _FIFOBase:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def key_of(self, obj: RawObject | DeletedFinalStateUnknown) -> str:
+    def key_of(self, obj: CachedObject | DeletedFinalStateUnknown) -> str:
         if isinstance(obj, DeletedFinalStateUnknown):
             return obj.key
         return self._key_func(obj)
@@ -276,7 +276,7 @@ class Replacement:
         self._fifo._replacing = False
 
 
-def _is_tombstone(obj: RawObject | DeletedFinalStateUnknown) -> bool:
+def _is_tombstone(obj: CachedObject | DeletedFinalStateUnknown) -> bool:
     return isinstance(obj, DeletedFinalStateUnknown)
 
 
@@ -391,7 +391,7 @@ class DeltaFIFO(_FIFOBase):
             self._processed()
 
     def _queue_action(
-        self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown
+        self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown
     ) -> None:
         key = self.key_of(obj)
         delta = Delta(delta_type, obj)
@@ -536,7 +536,7 @@ class RealFIFO(_FIFOBase):
         finally:
             self._processed()
 
-    def _append(self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    def _append(self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._items.append(Delta(delta_type, obj))
         self.queued_total += 1
         self._not_empty.notify_all()
