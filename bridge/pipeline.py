@@ -45,9 +45,10 @@ from bridge.changes import (
     Digest,
     object_from_digest,
 )
-from bridge.checkpoints.base import CheckpointStore
+from bridge.checkpoints.base import CheckpointStore, load_bulk
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
+from bridge.gctune import gc_paused
 from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
 from bridge.kube.objects import (
@@ -58,7 +59,7 @@ from bridge.kube.objects import (
     namespace_key,
 )
 from bridge.kube.protocols import ListerWatcher
-from bridge.kube.records import LooseRecord, PackedRecord, make_record
+from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
@@ -192,16 +193,22 @@ class ResourcePipeline:
 
     async def load(self) -> None:
         """Read the checkpoint and build the informer: resume where the last run stopped."""
-        checkpoint = await self._checkpoints.load(self.resource_id)
+        with gc_paused():
+            await self._load()
+
+    async def _load(self) -> None:
+        # Nearly every row is certain with no earlier incarnation: straight to a record.
+        checkpoint = await load_bulk(self._checkpoints, self.resource_id, records_of_rows)
         records: list[CachedObject] | None = None
         watermark: str | None = None
         reflector = self.settings.reflector
         if checkpoint is not None:
             self._resumed = True
             watermark = checkpoint.resource_version or None
-            records = []
+            records = list(checkpoint.plain)
+            checkpoint.plain = []
             uncertain: list[Digest] = []
-            for d in checkpoint.digests.values():
+            for d in checkpoint.others:
                 for gone in filter(None, d.prior.split(",")):
                     # An earlier object of this name whose delete was in flight: its
                     # own events are older than this key's, so no replay brings it.
@@ -237,7 +244,7 @@ class ResourcePipeline:
                 "resuming from checkpoint",
                 resource=self.label,
                 resource_version=checkpoint.resource_version,
-                objects=len(checkpoint.digests),
+                objects=len(records),
                 uncertain=len(uncertain),
                 prior_deletes=len(self._restart_deletes),
                 relist=watermark is None,

@@ -22,7 +22,10 @@ the consumer can take items while later ones are still being read, and memory
 does not grow with the size of the list. It never waits for room either: a
 LIST the server must serve within its request timeout cannot be paced by a
 slow sink. It only yields to the consumer every so often, which keeps the
-queue short whenever the consumer keeps up. Vanished keys are known only
+queue short whenever the consumer keeps up. A streaming list (a watch, paced
+by nothing but the connection) is the exception: ``begin_replace(paced=True)``
+waits for room like ``add``, so a slow sink pauses the stream and a 100k-object
+initial state never piles up in the queue. Vanished keys are known only
 after the last item, so the tombstones are queued then: after the items even
 in ``RealFIFO``, whose all-at-once ``replace`` puts them first as client-go
 does. Per key nothing changes (a tombstone's key is never among the items).
@@ -207,12 +210,15 @@ class _FIFOBase:
         """
         return self._in_process == 0 and len(self) == 0 and not self._replacing
 
-    def begin_replace(self) -> Replacement:
-        """``replace``, fed item by item (see the module doc); one at a time."""
+    def begin_replace(self, paced: bool = False) -> Replacement:
+        """``replace``, fed item by item (see the module doc); one at a time.
+
+        ``paced``: each item waits for room under ``max_queued``.
+        """
         if self._replacing:
             raise RuntimeError("a replace is already being fed")
         self._replacing = True
-        return Replacement(self)
+        return Replacement(self, paced)
 
     def _queue_replaced(self, obj: RawObject) -> None:
         raise NotImplementedError
@@ -242,16 +248,19 @@ class _FIFOBase:
 class Replacement:
     """One streamed replace of a FIFO (``bridge.kube.protocols.Replacement``)."""
 
-    __slots__ = ("_count", "_fifo", "_keys", "_open")
+    __slots__ = ("_count", "_fifo", "_keys", "_open", "_paced")
 
-    def __init__(self, fifo: _FIFOBase) -> None:
+    def __init__(self, fifo: _FIFOBase, paced: bool = False) -> None:
         self._fifo = fifo
         self._keys: set[str] = set()
         self._count = 0
         self._open = True
+        self._paced = paced
 
     async def add(self, obj: RawObject) -> None:
         fifo = self._fifo
+        if self._paced:
+            await fifo._wait_for_room()
         self._keys.add(fifo.key_of(obj))
         fifo._queue_replaced(obj)
         self._count += 1

@@ -101,8 +101,25 @@ class Indexer:
         """Swap the whole content; the indices are rebuilt from scratch."""
         self._items = {}
         self._indices = {name: {} for name in self._indexers}
+        if len(self._indexers) > 1 or self._key_func is not namespace_key:
+            for obj in items:
+                self._put(self._key_func(obj), obj)
+            return
+        # Only the namespace index, whose value is in the key: the loop a restart
+        # runs a million times, inlined.
+        stored, namespaces = self._items, self._indices[NAMESPACE_INDEX]
         for obj in items:
-            self._put(self._key_func(obj), obj)
+            if type(obj) is PackedRecord:
+                key = obj.key
+                stored[key] = obj.packed
+            else:
+                key = namespace_key(obj)
+                stored[key] = obj
+            ns = key.rpartition("/")[0]
+            keys = namespaces.get(ns)
+            if keys is None:
+                namespaces[ns] = keys = {}
+            keys[key] = None
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
         """Add indices; only while the store is empty, as in client-go."""

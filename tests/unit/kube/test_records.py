@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bridge.changes import ChangeDetector, ChangeKind, Fingerprinter
 from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
-from bridge.kube.records import LooseRecord, PackedRecord, make_record
+from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.store import NAMESPACE_INDEX, Indexer
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -114,3 +114,19 @@ def test_change_detection_against_a_record() -> None:
     # A relist tombstone carrying the record.
     [c] = detector.on_delete(DeletedFinalStateUnknown("ns1/web", record))
     assert c.tombstone and c.object == deleted.object
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.text(min_size=1),
+            st.one_of(st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()), st.text()),
+            st.one_of(st.integers(min_value=0, max_value=2**64 + 5).map(str), st.text()),
+            st.one_of(st.binary(min_size=16, max_size=16).map(bytes.hex), st.text()),
+        )
+    )
+)
+def test_bulk_conversion_of_checkpoint_rows_is_make_record(
+    rows: list[tuple[str, str, str, str]],
+) -> None:
+    assert list(records_of_rows(rows)) == [make_record(*row) for row in rows]
