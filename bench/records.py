@@ -95,7 +95,7 @@ def child(mode: str, objects: int, trace: bool) -> dict[str, float]:
         return {"traced_per_object": traced / objects}
     return {
         "rss_per_object": (_rss() - rss0) / objects,
-        "gc_tracked_per_object": (len(gc.get_objects()) - tracked0) / objects,
+        "gc_tracked_per_object": max(0, len(gc.get_objects()) - tracked0) / objects,
         "seconds": elapsed,
     }
 

@@ -121,8 +121,16 @@ def test_change_detection_against_a_record() -> None:
         st.tuples(
             st.text(min_size=1),
             st.one_of(st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()), st.text()),
-            st.one_of(st.integers(min_value=0, max_value=2**64 + 5).map(str), st.text()),
-            st.one_of(st.binary(min_size=16, max_size=16).map(bytes.hex), st.text()),
+            st.one_of(
+                st.integers(min_value=0, max_value=2**64 + 5).map(str),
+                st.from_regex(r"[0+-][0-9]{1,3}", fullmatch=True),  # never packed
+                st.text(),
+            ),
+            st.one_of(
+                st.binary(min_size=16, max_size=16).map(bytes.hex),
+                st.binary(min_size=16, max_size=16).map(lambda b: b.hex().upper()),
+                st.text(),
+            ),
         )
     )
 )
