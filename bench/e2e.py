@@ -47,6 +47,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench._support import cpu_model, free_port, process, update_benchmarks_md
 from bench.decode import make_pod
+from bridge import gctune
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.emulator import Emulator
@@ -122,6 +123,7 @@ async def run_e2e(
     round_: int,
     settings: PipelineSettings,
     timeout: float,
+    gc_freeze: bool = False,
 ) -> tuple[float, float, int]:
     """Seconds for the initial list and for the burst; the RV the burst started after."""
     n = len(pods)
@@ -155,6 +157,8 @@ async def run_e2e(
                 timeout,
             )
             listed = time.perf_counter() - start
+            if gc_freeze:
+                gctune.freeze()  # as the app does once every resource has synced
 
             before = emu.resource_version
             published = pipeline.stats.published
@@ -297,7 +301,7 @@ async def bench_bus(
     if profiler is not None:
         profiler.enable()
     listed, burst, before = await run_e2e(
-        emu, kubeconfig, pods, sink, round_, settings, args.timeout
+        emu, kubeconfig, pods, sink, round_, settings, args.timeout, args.gc_freeze
     )
     if profiler is not None:
         profiler.disable()
@@ -465,6 +469,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile-bus", default="nats,kafka")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=None,
+        help="the cyclic GC's young threshold for the whole run (informer.gcThreshold)",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after the initial list, as the app does (informer.gcFreeze)",
+    )
+    parser.add_argument(
         "--output", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS.md")
     )
     args = parser.parse_args(argv)
@@ -472,6 +487,8 @@ def main(argv: list[str]) -> int:
     args.profile_bus = [b.strip() for b in args.profile_bus.split(",") if b.strip()]
     if unknown := [b for b in args.bus if b not in ("nats", "kafka")]:
         parser.error(f"unknown bus(es): {', '.join(unknown)}")
+    gctune.configure(args.gc_threshold)
+    print(f"  gc thresholds {gc.get_threshold()}, freeze after the list: {args.gc_freeze}")
     results = asyncio.run(_run(args))
     if not results:
         print("  no bus available: nothing measured")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import hashlib
 import os
 import socket
@@ -22,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from bridge import gctune
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import (
@@ -329,6 +331,7 @@ class BridgeApp:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
         s = self.settings
+        gctune.configure(s.informer.gc_threshold)
         token = s.server.control_token
         self.health = HealthServer(
             s.server.host,
@@ -377,6 +380,8 @@ class BridgeApp:
             asyncio.create_task(h.run(), name=f"heartbeat:{h.source.label}")
             for h in self.heartbeats
         )
+        if self.settings.informer.gc_freeze:
+            waiters.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
@@ -474,6 +479,18 @@ class BridgeApp:
             # Two misses in a row: one slow answer under load is not an outage.
             failed = 0 if ok else failed + 1
             self._sink_unreachable = "does not answer a ping" if failed >= 2 else None
+
+    async def _freeze_after_sync(self) -> None:
+        """Once every pipeline has synced, freeze the heap out of the GC's sight (once).
+
+        What the initial sync leaves behind (modules, clients, caches) lives as long
+        as the process; full collections need not walk it again and again.
+        """
+        while not all(p.has_synced() for p in self.pipelines):
+            await asyncio.sleep(0.1)
+        gctune.freeze()
+        log.info("gc frozen after the initial sync", frozen=gc.get_freeze_count())
+        await asyncio.Event().wait()
 
     async def _notify_ready(self) -> None:
         while not self.readiness()[0]:

@@ -25,7 +25,13 @@ import orjson
 import xxhash
 
 from bridge.errors import ConfigError
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
+from bridge.kube.objects import (
+    CachedObject,
+    DeletedFinalStateUnknown,
+    RawObject,
+    meta,
+    namespace_key,
+)
 
 ALWAYS_IGNORED = ("metadata.resourceVersion", "metadata.managedFields")
 
@@ -236,8 +242,16 @@ def object_from_digest(digest: Digest, *, api_version: str = "", kind: str = "")
     return obj
 
 
-def _slim(obj: RawObject) -> RawObject:
+def _slim(obj: CachedObject) -> RawObject:
     """The last known metadata of an object, as carried by a tombstone."""
+    if not isinstance(obj, dict):
+        # A cache record; the event builder fills in apiVersion and kind.
+        md: dict[str, Any] = {"name": obj.name}
+        if obj.namespace:
+            md["namespace"] = obj.namespace
+        md["uid"] = obj.uid
+        md["resourceVersion"] = obj.resource_version
+        return {"metadata": md}
     m = meta(obj)
     slim_meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
     out: RawObject = {"metadata": slim_meta}
@@ -250,8 +264,9 @@ def _slim(obj: RawObject) -> RawObject:
 class ChangeDetector:
     """Turns informer callbacks into the changes to publish.
 
-    Independent of the informer: it only needs objects, slim records
-    (``{"apiVersion","kind","metadata":{...},"fingerprint"}``) or digests.
+    Independent of the informer: it only needs objects, slim cache records
+    (bridge/kube/records.py, or the older dict form
+    ``{"apiVersion","kind","metadata":{...},"fingerprint"}``) or digests.
     """
 
     __slots__ = ("fingerprinter",)
@@ -301,7 +316,7 @@ class ChangeDetector:
             self.fingerprinter.fingerprint(obj),
         )
 
-    def on_update(self, old: str | Digest | RawObject | None, new: RawObject) -> list[Change]:
+    def on_update(self, old: str | Digest | CachedObject | None, new: RawObject) -> list[Change]:
         """An update notification; ``old`` is the previous fingerprint, digest,
         slim record or full object.
 
@@ -318,6 +333,8 @@ class ChangeDetector:
         elif isinstance(old, Digest):
             old_fp, old_uid = old.fingerprint, old.uid
             old_obj = None
+        elif not isinstance(old, dict):
+            old_fp, old_uid = old.fingerprint, old.uid  # a cache record
         else:
             fp = old.get(FINGERPRINT_FIELD)
             old_fp = fp if isinstance(fp, str) else self.fingerprinter.fingerprint(old)
@@ -329,7 +346,7 @@ class ChangeDetector:
                 gone = object_from_digest(
                     old, api_version=str(new.get("apiVersion", "")), kind=str(new.get("kind", ""))
                 )
-            elif isinstance(old, dict):
+            elif not isinstance(old, str):
                 gone = _slim(old)
             else:
                 gone = _slim(new)
@@ -342,7 +359,7 @@ class ChangeDetector:
             return []
         return [Change(ChangeKind.MODIFIED, new, d.key, digest=d, old=old_obj)]
 
-    def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> list[Change]:
+    def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> list[Change]:
         """A delete is always published; a tombstone carries the last known metadata."""
         if isinstance(obj, DeletedFinalStateUnknown):
             last = obj.obj
@@ -352,10 +369,10 @@ class ChangeDetector:
                 if namespace:
                     md["namespace"] = namespace
                 last = {"metadata": md}
-            elif FINGERPRINT_FIELD in last:
+            elif not isinstance(last, dict) or FINGERPRINT_FIELD in last:
                 last = _slim(last)
             return [Change(ChangeKind.DELETED, last, obj.key, tombstone=True)]
-        if FINGERPRINT_FIELD in obj:
+        if not isinstance(obj, dict) or FINGERPRINT_FIELD in obj:
             # A slim record is all the informer kept: publish its metadata, marked as such.
             return [Change(ChangeKind.DELETED, _slim(obj), namespace_key(obj), tombstone=True)]
         return [Change(ChangeKind.DELETED, obj, namespace_key(obj))]

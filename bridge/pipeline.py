@@ -45,13 +45,21 @@ from bridge.changes import (
     Digest,
     object_from_digest,
 )
-from bridge.checkpoints.base import CheckpointStore
+from bridge.checkpoints.base import CheckpointStore, load_bulk
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
+from bridge.gctune import gc_paused
 from bridge.kube.backoff import Backoff
-from bridge.kube.informer import UNCONFIRMED, SharedInformer
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
+from bridge.kube.informer import SharedInformer
+from bridge.kube.objects import (
+    CachedObject,
+    DeletedFinalStateUnknown,
+    RawObject,
+    meta,
+    namespace_key,
+)
 from bridge.kube.protocols import ListerWatcher
+from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
@@ -228,6 +236,8 @@ class ResourcePipeline:
         obj = informer.store.get_by_key(key) if informer is not None else None
         if obj is None:
             return None
+        if not isinstance(obj, dict):
+            return Digest(key, obj.uid, obj.resource_version, obj.fingerprint)
         fp = obj.get(FINGERPRINT_FIELD)
         if not isinstance(fp, str):
             return self._detector.digest_of(obj)
@@ -238,16 +248,22 @@ class ResourcePipeline:
 
     async def load(self) -> None:
         """Read the checkpoint and build the informer: resume where the last run stopped."""
-        checkpoint = await self._checkpoints.load(self.resource_id)
-        records: list[RawObject] | None = None
+        with gc_paused():
+            await self._load()
+
+    async def _load(self) -> None:
+        # Nearly every row is certain with no earlier incarnation: straight to a record.
+        checkpoint = await load_bulk(self._checkpoints, self.resource_id, records_of_rows)
+        records: list[CachedObject] | None = None
         watermark: str | None = None
         reflector = self.settings.reflector
         if checkpoint is not None:
             self._resumed = True
             watermark = checkpoint.resource_version or None
-            records = []
+            records = list(checkpoint.plain)
+            checkpoint.plain = []
             uncertain: list[Digest] = []
-            for d in checkpoint.digests.values():
+            for d in checkpoint.others:
                 for gone in filter(None, d.prior.split(",")):
                     # An earlier object of this name whose delete was in flight: its
                     # own events are older than this key's, so no replay brings it.
@@ -283,7 +299,7 @@ class ResourcePipeline:
                 "resuming from checkpoint",
                 resource=self.label,
                 resource_version=checkpoint.resource_version,
-                objects=len(checkpoint.digests),
+                objects=len(records),
                 uncertain=len(uncertain),
                 prior_deletes=len(self._restart_deletes),
                 relist=watermark is None,
@@ -314,14 +330,12 @@ class ResourcePipeline:
         event = self._builder.build(Change(ChangeKind.DELETED, gone, d.key, tombstone=True))
         self._restart_deletes.append((d.key, uid, event))
 
-    def _record_of(self, digest: Digest, *, unconfirmed: bool = False) -> RawObject:
-        record = object_from_digest(
-            digest, api_version=self._builder.api_version, kind=self._builder.kind
+    def _record_of(
+        self, digest: Digest, *, unconfirmed: bool = False
+    ) -> PackedRecord | LooseRecord:
+        return make_record(
+            digest.key, digest.uid, digest.resource_version, digest.fingerprint, unconfirmed
         )
-        record[FINGERPRINT_FIELD] = digest.fingerprint
-        if unconfirmed:
-            record[UNCONFIRMED] = True
-        return record
 
     # -- running ----------------------------------------------------------------
 
@@ -371,8 +385,12 @@ class ResourcePipeline:
 
     # -- the informer's handler -----------------------------------------------
 
-    async def on_add(self, obj: RawObject, is_in_initial_list: bool) -> None:
+    async def on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None:
         self._observe()
+        if not isinstance(obj, dict):
+            # A cached record is what a handler added late catches up on; this one
+            # is attached before the informer starts, so it never gets one.
+            return
         if is_in_initial_list:
             self.stats.listed += 1
         key = namespace_key(obj)
@@ -384,9 +402,9 @@ class ResourcePipeline:
             self._decide(self._detector.on_add(obj, None, initial=initial))
         await self._wait_for_room()
 
-    async def on_update(self, old: RawObject, new: RawObject) -> None:
+    async def on_update(self, old: CachedObject, new: CachedObject) -> None:
         self._observe()
-        if FINGERPRINT_FIELD in new:
+        if not isinstance(new, dict) or FINGERPRINT_FIELD in new:
             return  # a resync of a cached (slim) record: never news, never a confirmation
         uncertain = self.outbox.resolve(namespace_key(new))
         if uncertain is not None:
@@ -395,7 +413,7 @@ class ResourcePipeline:
             self._decide(self._detector.on_update(old, new))
         await self._wait_for_room()
 
-    async def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    async def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._observe()
         self.outbox.resolve(namespace_key(obj))
         self._decide(self._detector.on_delete(obj))

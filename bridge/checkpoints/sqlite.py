@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bridge.changes import Digest
-from bridge.checkpoints.base import Checkpoint
+from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, R, RowConverter
 from bridge.errors import CheckpointError
 
 T = TypeVar("T")
@@ -47,6 +47,10 @@ _ADDED_COLUMNS = {
     "state": "ALTER TABLE digests ADD COLUMN state TEXT NOT NULL DEFAULT ''",
     "prior": "ALTER TABLE digests ADD COLUMN prior TEXT NOT NULL DEFAULT ''",
 }
+
+
+# Rows per fetch when a restart reads a whole checkpoint.
+_CHUNK = 10_000
 
 
 class SqliteCheckpointStore:
@@ -133,6 +137,37 @@ class SqliteCheckpointStore:
             if row is None and not digests:
                 return None
             return Checkpoint(row[0] if row is not None else "", digests)
+
+        return await self._run(_load)
+
+    async def load_bulk(
+        self, resource_id: str, convert: RowConverter[R]
+    ) -> BulkCheckpoint[R] | None:
+        def _load(conn: sqlite3.Connection) -> BulkCheckpoint[R] | None:
+            row = conn.execute(
+                "SELECT resource_version FROM watermarks WHERE resource_id = ?", (resource_id,)
+            ).fetchone()
+            cursor = conn.execute(
+                "SELECT key, uid, resource_version, fingerprint FROM digests"
+                " WHERE resource_id = ? AND state = '' AND prior = ''",
+                (resource_id,),
+            )
+            plain: list[R] = []
+            # A chunk at a time: the rows' strings are freed (and their memory
+            # reused) before the next chunk, instead of a million at once.
+            while chunk := cursor.fetchmany(_CHUNK):
+                plain.extend(convert(chunk))
+            others = [
+                Digest(*r)
+                for r in conn.execute(
+                    "SELECT key, uid, resource_version, fingerprint, state, prior FROM digests"
+                    " WHERE resource_id = ? AND NOT (state = '' AND prior = '')",
+                    (resource_id,),
+                )
+            ]
+            if row is None and not plain and not others:
+                return None
+            return BulkCheckpoint(row[0] if row is not None else "", plain, others)
 
         return await self._run(_load)
 

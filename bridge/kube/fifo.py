@@ -22,7 +22,10 @@ the consumer can take items while later ones are still being read, and memory
 does not grow with the size of the list. It never waits for room either: a
 LIST the server must serve within its request timeout cannot be paced by a
 slow sink. It only yields to the consumer every so often, which keeps the
-queue short whenever the consumer keeps up. Vanished keys are known only
+queue short whenever the consumer keeps up. A streaming list (a watch, paced
+by nothing but the connection) is the exception: ``begin_replace(paced=True)``
+waits for room like ``add``, so a slow sink pauses the stream and a 100k-object
+initial state never piles up in the queue. Vanished keys are known only
 after the last item, so the tombstones are queued then: after the items even
 in ``RealFIFO``, whose all-at-once ``replace`` puts them first as client-go
 does. Per key nothing changes (a tombstone's key is never among the items).
@@ -38,7 +41,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from bridge.errors import BridgeError
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, RawObject, namespace_key
 
 __all__ = [
     "REPLACE_YIELD_EVERY",
@@ -66,7 +69,7 @@ class DeltaType(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Delta:
     type: DeltaType
-    object: RawObject | DeletedFinalStateUnknown
+    object: CachedObject | DeletedFinalStateUnknown
 
 
 class FIFOClosedError(BridgeError):
@@ -78,10 +81,10 @@ class KeyListerGetter(Protocol):
 
     def list_keys(self) -> list[str]: ...
 
-    def get_by_key(self, key: str) -> RawObject | None: ...
+    def get_by_key(self, key: str) -> CachedObject | None: ...
 
 
-KeyFunc = Callable[[RawObject], str]
+KeyFunc = Callable[[CachedObject], str]
 PopProcessFunc = Callable[[list[Delta], bool], Awaitable[None]]
 
 # A streamed replace lets the consumer run after this many items. Short-lived
@@ -155,7 +158,7 @@ class _FIFOBase:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def key_of(self, obj: RawObject | DeletedFinalStateUnknown) -> str:
+    def key_of(self, obj: CachedObject | DeletedFinalStateUnknown) -> str:
         if isinstance(obj, DeletedFinalStateUnknown):
             return obj.key
         return self._key_func(obj)
@@ -207,12 +210,15 @@ class _FIFOBase:
         """
         return self._in_process == 0 and len(self) == 0 and not self._replacing
 
-    def begin_replace(self) -> Replacement:
-        """``replace``, fed item by item (see the module doc); one at a time."""
+    def begin_replace(self, paced: bool = False) -> Replacement:
+        """``replace``, fed item by item (see the module doc); one at a time.
+
+        ``paced``: each item waits for room under ``max_queued``.
+        """
         if self._replacing:
             raise RuntimeError("a replace is already being fed")
         self._replacing = True
-        return Replacement(self)
+        return Replacement(self, paced)
 
     def _queue_replaced(self, obj: RawObject) -> None:
         raise NotImplementedError
@@ -242,16 +248,19 @@ class _FIFOBase:
 class Replacement:
     """One streamed replace of a FIFO (``bridge.kube.protocols.Replacement``)."""
 
-    __slots__ = ("_count", "_fifo", "_keys", "_open")
+    __slots__ = ("_count", "_fifo", "_keys", "_open", "_paced")
 
-    def __init__(self, fifo: _FIFOBase) -> None:
+    def __init__(self, fifo: _FIFOBase, paced: bool = False) -> None:
         self._fifo = fifo
         self._keys: set[str] = set()
         self._count = 0
         self._open = True
+        self._paced = paced
 
     async def add(self, obj: RawObject) -> None:
         fifo = self._fifo
+        if self._paced:
+            await fifo._wait_for_room()
         self._keys.add(fifo.key_of(obj))
         fifo._queue_replaced(obj)
         self._count += 1
@@ -276,7 +285,7 @@ class Replacement:
         self._fifo._replacing = False
 
 
-def _is_tombstone(obj: RawObject | DeletedFinalStateUnknown) -> bool:
+def _is_tombstone(obj: CachedObject | DeletedFinalStateUnknown) -> bool:
     return isinstance(obj, DeletedFinalStateUnknown)
 
 
@@ -391,7 +400,7 @@ class DeltaFIFO(_FIFOBase):
             self._processed()
 
     def _queue_action(
-        self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown
+        self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown
     ) -> None:
         key = self.key_of(obj)
         delta = Delta(delta_type, obj)
@@ -536,7 +545,7 @@ class RealFIFO(_FIFOBase):
         finally:
             self._processed()
 
-    def _append(self, delta_type: DeltaType, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    def _append(self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._items.append(Delta(delta_type, obj))
         self.queued_total += 1
         self._not_empty.notify_all()

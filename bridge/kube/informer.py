@@ -16,8 +16,10 @@ Notifications follow client-go's ``HandleDeltas``:
   ``obj`` may be a ``DeletedFinalStateUnknown`` whose ``obj`` is None.
 
 Slim mode keeps per key only what change detection needs (identity,
-resourceVersion and a fingerprint), so a large cluster costs little memory;
-handlers still receive the full new object, while ``old`` is the slim record.
+resourceVersion and a fingerprint) as a compact record (bridge/kube/records.py,
+~100 B), so a large cluster costs little memory; handlers still receive the
+full new object, while ``old`` is the record. A slim cache indexes by
+namespace only: a record keeps no labels.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from bridge.aiotasks import run_group
 from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import (
+    CachedObject,
     DeletedFinalStateUnknown,
     RawObject,
     meta,
     namespace_key,
     resource_version,
 )
+from bridge.kube.records import LooseRecord, PackedRecord, make_record
 from bridge.kube.store import Indexer, IndexerError, IndexFunc
 from bridge.logging import get_logger
 
@@ -55,37 +59,34 @@ log = get_logger(__name__)
 
 SlimFunc = Callable[[RawObject], str]
 
-# A cached record carrying UNCONFIRMED is a state the consumer is not sure of
-# (restored from a checkpoint that was written ahead): the next notification
-# for its key is delivered even when it carries the same resourceVersion.
-UNCONFIRMED = "unconfirmed"
-
-_SLIM_TOP_KEYS = frozenset({"apiVersion", "kind", "metadata", "fingerprint", UNCONFIRMED})
-_SLIM_META_KEYS = ("name", "namespace", "uid", "resourceVersion")
-
 
 class ResourceEventHandler(Protocol):
-    async def on_add(self, obj: RawObject, is_in_initial_list: bool) -> None: ...
+    """Informer notifications. In slim mode ``old`` (and ``new`` of a resync, or an
+    add caught up from the cache) is a cache record, not an object."""
 
-    async def on_update(self, old: RawObject, new: RawObject) -> None: ...
+    async def on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None: ...
 
-    async def on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None: ...
+    async def on_update(self, old: CachedObject, new: CachedObject) -> None: ...
+
+    async def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None: ...
 
 
-def slim_record(obj: RawObject, fingerprint: SlimFunc) -> RawObject:
+def slim_record(obj: RawObject, fingerprint: SlimFunc) -> PackedRecord | LooseRecord:
     """What slim mode caches for ``obj``: identity, resourceVersion and a fingerprint."""
     m = meta(obj)
-    record: RawObject = {}
-    for field in ("apiVersion", "kind"):
-        if field in obj:
-            record[field] = obj[field]
-    record["metadata"] = {k: m[k] for k in _SLIM_META_KEYS if k in m}
-    record["fingerprint"] = fingerprint(obj)
-    return record
+    return make_record(
+        namespace_key(obj),
+        str(m.get("uid", "")),
+        str(m.get("resourceVersion", "")),
+        fingerprint(obj),
+    )
 
 
-def _is_slim(obj: RawObject) -> bool:
-    return "fingerprint" in obj and obj.keys() <= _SLIM_TOP_KEYS
+def _unconfirmed(obj: CachedObject) -> bool:
+    """A record restored from a checkpoint written ahead: a state the consumer is not
+    sure of, so the next notification for its key is delivered even at the same
+    resourceVersion."""
+    return not isinstance(obj, dict) and obj.unconfirmed
 
 
 class HandlerRegistration:
@@ -98,7 +99,7 @@ class HandlerRegistration:
         self.resync_period = resync_period if resync_period and resync_period > 0 else None
         self._informer = informer
         # Objects cached before this handler joined, still to be delivered as adds.
-        self._backlog: deque[RawObject] = deque()
+        self._backlog: deque[CachedObject] = deque()
         self._pending_initial = 0
         self._removed = False
         self._due_resync = False
@@ -120,15 +121,15 @@ class HandlerRegistration:
             finally:
                 self._pending_initial -= 1
 
-    async def _on_add(self, obj: RawObject, is_in_initial_list: bool) -> None:
+    async def _on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None:
         await self._drain_backlog()
         await self.handler.on_add(obj, is_in_initial_list)
 
-    async def _on_update(self, old: RawObject, new: RawObject) -> None:
+    async def _on_update(self, old: CachedObject, new: CachedObject) -> None:
         await self._drain_backlog()
         await self.handler.on_update(old, new)
 
-    async def _on_delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    async def _on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         await self._drain_backlog()
         await self.handler.on_delete(obj)
 
@@ -145,7 +146,7 @@ class HandlerRegistration:
         return self._due_resync
 
 
-def _older(new: RawObject, old: RawObject) -> bool:
+def _older(new: CachedObject, old: CachedObject) -> bool:
     """``new`` is an earlier state of this key than the cached ``old``: an earlier state
     of the same object, or an object of the same name that was deleted before ``old``.
 
@@ -153,11 +154,8 @@ def _older(new: RawObject, old: RawObject) -> bool:
     etcd serves them as increasing integers (one sequence for all objects);
     anything else is never "older".
     """
-    new_meta, old_meta = meta(new), meta(old)
     try:
-        return int(new_meta.get("resourceVersion") or "") < int(
-            old_meta.get("resourceVersion") or ""
-        )
+        return int(resource_version(new)) < int(resource_version(old))
     except ValueError:
         return False
 
@@ -183,7 +181,7 @@ class SharedInformer:
         slim: SlimFunc | None = None,
         resync_period: float | None = None,
         reflector_settings: ReflectorSettings | None = None,
-        initial_objects: list[RawObject] | None = None,
+        initial_objects: list[CachedObject] | None = None,
         initial_resource_version: str | None = None,
         max_queued: int | None = 1000,
         drop_stale: bool = False,
@@ -384,12 +382,12 @@ class SharedInformer:
             for reg in regs:
                 await reg._on_add(obj, is_in_initial_list)
             return
-        is_resync = resource_version(old) == resource_version(obj) and UNCONFIRMED not in old
+        is_resync = resource_version(old) == resource_version(obj) and not _unconfirmed(old)
         for reg in regs:
             if not is_resync or reg._due_resync:
                 await reg._on_update(old, obj)
 
-    def _to_stored(self, obj: RawObject) -> RawObject:
-        if self._slim is None or _is_slim(obj):
+    def _to_stored(self, obj: CachedObject) -> CachedObject:
+        if self._slim is None or not isinstance(obj, dict):
             return obj
         return slim_record(obj, self._slim)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
+from bridge.kube.records import LooseRecord, PackedRecord
+
 RawObject = dict[str, Any]
+
+# What an informer's cache holds per key: the object, or in slim mode its
+# compact record (bridge/kube/records.py).
+CachedObject = RawObject | PackedRecord | LooseRecord
 
 WatchEventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
 
@@ -55,7 +61,7 @@ class DeletedFinalStateUnknown:
     """
 
     key: str
-    obj: RawObject | None
+    obj: CachedObject | None
 
 
 def meta(obj: RawObject) -> dict[str, Any]:
@@ -63,12 +69,12 @@ def meta(obj: RawObject) -> dict[str, Any]:
     return m if isinstance(m, dict) else {}
 
 
-def namespace_key(obj: RawObject | DeletedFinalStateUnknown) -> str:
+def namespace_key(obj: CachedObject | DeletedFinalStateUnknown) -> str:
     """client-go's ``MetaNamespaceKeyFunc``: ``namespace/name``, or ``name`` if cluster-scoped.
 
-    A tombstone's key is its own.
+    A tombstone's key is its own, and so is a cache record's.
     """
-    if isinstance(obj, DeletedFinalStateUnknown):
+    if not isinstance(obj, dict):
         return obj.key
     m = meta(obj)
     ns = m.get("namespace")
@@ -76,9 +82,13 @@ def namespace_key(obj: RawObject | DeletedFinalStateUnknown) -> str:
     return f"{ns}/{name}" if ns else str(name)
 
 
-def resource_version(obj: RawObject) -> str:
+def resource_version(obj: CachedObject) -> str:
+    if not isinstance(obj, dict):
+        return obj.resource_version
     return str(meta(obj).get("resourceVersion", ""))
 
 
-def uid(obj: RawObject) -> str:
+def uid(obj: CachedObject) -> str:
+    if not isinstance(obj, dict):
+        return obj.uid
     return str(meta(obj).get("uid", ""))

@@ -106,8 +106,10 @@ class ReflectorStore(Protocol):
         """The whole list at once (client-go's ``Replace``)."""
         ...
 
-    def begin_replace(self) -> Replacement:
-        """The same as ``replace``, fed item by item; one at a time."""
+    def begin_replace(self, paced: bool = False) -> Replacement:
+        """The same as ``replace``, fed item by item; one at a time. ``paced``: each
+        item may wait for the consumer (a streaming list; never a LIST, which the
+        server must be able to finish within its request timeout)."""
         ...
 
     async def resync(self) -> None: ...

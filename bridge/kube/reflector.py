@@ -390,9 +390,9 @@ class Reflector:
         self._commit(listed.replacement, listed.resource_version)
         self._log.debug("listed", items=listed.items, resource_version=listed.resource_version)
 
-    def _begin_replace(self) -> Replacement:
+    def _begin_replace(self, paced: bool = False) -> Replacement:
         self._fed = 0
-        return self._store.begin_replace()
+        return self._store.begin_replace(paced)
 
     def _commit(self, replacement: Replacement, resource_version: str) -> None:
         replacement.commit(resource_version)
@@ -473,7 +473,8 @@ class Reflector:
                 resource_version_match="NotOlderThan",
             )
             attempt = AsyncExitStack()
-            replacement = self._begin_replace()
+            # A stream may wait for a slow consumer: the bus paces the initial state.
+            replacement = self._begin_replace(paced=True)
             opened = False
             try:
                 events = await attempt.enter_async_context(self._lw.watch(options))

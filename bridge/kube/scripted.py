@@ -243,7 +243,7 @@ class RecordingStore:
     async def replace(self, items: list[RawObject], resource_version: str) -> None:
         self.ops.append(("replace", ([_short(i) for i in items], resource_version)))
 
-    def begin_replace(self) -> _RecordingReplacement:
+    def begin_replace(self, paced: bool = False) -> _RecordingReplacement:
         return _RecordingReplacement(self)
 
     async def resync(self) -> None:

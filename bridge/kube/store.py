@@ -6,6 +6,11 @@ the keys of the objects that produce it, and is kept in step on every write,
 so ``by_index`` follows an object whose indexed value changes.
 
 One event loop owns the store, so no locks: every method runs to completion.
+
+A slim informer's records (``PackedRecord``) are kept as their 41 packed
+bytes under the key the store holds anyway, and read back as a fresh view:
+~160 B per object instead of a record object each, and nothing for the
+cyclic GC to visit (bridge/kube/records.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import builtins
 from collections.abc import Callable, Iterable
 
 from bridge.errors import BridgeError
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, meta, namespace_key
+from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, meta, namespace_key
+from bridge.kube.records import PackedRecord
 
 __all__ = [
     "NAMESPACE_INDEX",
@@ -25,7 +31,7 @@ __all__ = [
     "namespace_index",
 ]
 
-IndexFunc = Callable[[RawObject], list[str]]
+IndexFunc = Callable[[CachedObject], list[str]]
 
 NAMESPACE_INDEX = "namespace"
 
@@ -34,15 +40,19 @@ class IndexerError(BridgeError):
     """An index was misused: unknown name, a conflicting name, or added too late."""
 
 
-def namespace_index(obj: RawObject) -> list[str]:
+def namespace_index(obj: CachedObject) -> list[str]:
     """client-go's ``MetaNamespaceIndexFunc``: cluster-scoped objects index under ``""``."""
+    if not isinstance(obj, dict):
+        return [obj.key.rpartition("/")[0]]  # a slim record: the namespace is in its key
     return [str(meta(obj).get("namespace") or "")]
 
 
 def label_index(label_key: str) -> IndexFunc:
     """Index objects by the value of one label; objects without it are not indexed."""
 
-    def index(obj: RawObject) -> list[str]:
+    def index(obj: CachedObject) -> list[str]:
+        if not isinstance(obj, dict):
+            return []  # a slim record keeps no labels: only whole objects are indexed
         labels = meta(obj).get("labels")
         if isinstance(labels, dict) and label_key in labels:
             return [str(labels[label_key])]
@@ -58,11 +68,12 @@ class Indexer:
     def __init__(
         self,
         *,
-        key_func: Callable[[RawObject], str] = namespace_key,
+        key_func: Callable[[CachedObject], str] = namespace_key,
         indexers: dict[str, IndexFunc] | None = None,
     ) -> None:
         self._key_func = key_func
-        self._items: dict[str, RawObject] = {}
+        # A PackedRecord is kept as its ``packed`` bytes (see the module docstring).
+        self._items: dict[str, CachedObject | bytes] = {}
         self._indexers: dict[str, IndexFunc] = {NAMESPACE_INDEX: namespace_index}
         # index name -> index value -> keys (a dict used as an ordered set)
         self._indices: dict[str, dict[str, dict[str, None]]] = {NAMESPACE_INDEX: {}}
@@ -71,27 +82,44 @@ class Indexer:
 
     # -- writes ---------------------------------------------------------------
 
-    def add(self, obj: RawObject) -> None:
+    def add(self, obj: CachedObject) -> None:
         self._put(self._key_func(obj), obj)
 
-    def update(self, obj: RawObject) -> None:
+    def update(self, obj: CachedObject) -> None:
         self._put(self._key_func(obj), obj)
 
-    def delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
+    def delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else self._key_func(obj)
         self.delete_by_key(key)
 
     def delete_by_key(self, key: str) -> None:
         old = self._items.pop(key, None)
         if old is not None:
-            self._reindex(key, old, None)
+            self._reindex(key, _view(key, old), None)
 
-    def replace(self, items: Iterable[RawObject], resource_version: str = "") -> None:
+    def replace(self, items: Iterable[CachedObject], resource_version: str = "") -> None:
         """Swap the whole content; the indices are rebuilt from scratch."""
         self._items = {}
         self._indices = {name: {} for name in self._indexers}
+        if len(self._indexers) > 1 or self._key_func is not namespace_key:
+            for obj in items:
+                self._put(self._key_func(obj), obj)
+            return
+        # Only the namespace index, whose value is in the key: the loop a restart
+        # runs a million times, inlined.
+        stored, namespaces = self._items, self._indices[NAMESPACE_INDEX]
         for obj in items:
-            self._put(self._key_func(obj), obj)
+            if type(obj) is PackedRecord:
+                key = obj.key
+                stored[key] = obj.packed
+            else:
+                key = namespace_key(obj)
+                stored[key] = obj
+            ns = key.rpartition("/")[0]
+            keys = namespaces.get(ns)
+            if keys is None:
+                namespaces[ns] = keys = {}
+            keys[key] = None
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
         """Add indices; only while the store is empty, as in client-go."""
@@ -112,15 +140,16 @@ class Indexer:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
-    def get(self, obj: RawObject | DeletedFinalStateUnknown) -> RawObject | None:
+    def get(self, obj: CachedObject | DeletedFinalStateUnknown) -> CachedObject | None:
         key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else self._key_func(obj)
-        return self._items.get(key)
+        return self.get_by_key(key)
 
-    def get_by_key(self, key: str) -> RawObject | None:
-        return self._items.get(key)
+    def get_by_key(self, key: str) -> CachedObject | None:
+        stored = self._items.get(key)
+        return None if stored is None else _view(key, stored)
 
-    def list(self) -> list[RawObject]:
-        return list(self._items.values())
+    def list(self) -> list[CachedObject]:
+        return [_view(key, stored) for key, stored in self._items.items()]
 
     def list_keys(self) -> builtins.list[str]:
         return list(self._items)
@@ -133,9 +162,9 @@ class Indexer:
         """Keys of the objects whose index ``name`` yields ``value``, sorted."""
         return sorted(self._index(name).get(value, ()))
 
-    def by_index(self, name: str, value: str) -> builtins.list[RawObject]:
+    def by_index(self, name: str, value: str) -> builtins.list[CachedObject]:
         """The objects whose index ``name`` yields ``value``, sorted by key."""
-        return [self._items[key] for key in self.index_keys(name, value)]
+        return [_view(key, self._items[key]) for key in self.index_keys(name, value)]
 
     def list_index_func_values(self, name: str) -> builtins.list[str]:
         """Every value index ``name`` currently holds, sorted."""
@@ -149,13 +178,18 @@ class Indexer:
         except KeyError:
             raise IndexerError(f"index with name {name!r} does not exist") from None
 
-    def _put(self, key: str, obj: RawObject) -> None:
-        old = self._items.get(key)
-        self._items[key] = obj
-        self._reindex(key, old, obj)
+    def _put(self, key: str, obj: CachedObject) -> None:
+        items = self._items
+        old = items.get(key)
+        items[key] = obj.packed if type(obj) is PackedRecord else obj
+        # The namespace is part of the key: an update moves no namespace index entry.
+        if old is None or len(self._indexers) > 1:
+            self._reindex(key, None if old is None else _view(key, old), obj)
 
-    def _reindex(self, key: str, old: RawObject | None, new: RawObject | None) -> None:
+    def _reindex(self, key: str, old: CachedObject | None, new: CachedObject | None) -> None:
         for name, func in self._indexers.items():
+            if name == NAMESPACE_INDEX and old is not None and new is not None:
+                continue
             old_values = func(old) if old is not None else []
             new_values = func(new) if new is not None else []
             if old_values == new_values:
@@ -170,3 +204,7 @@ class Indexer:
                         del index[value]
             for value in new_values:
                 index.setdefault(value, {})[key] = None
+
+
+def _view(key: str, stored: CachedObject | bytes) -> CachedObject:
+    return PackedRecord(key, stored) if isinstance(stored, bytes) else stored

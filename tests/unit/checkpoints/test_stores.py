@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.changes import Digest
+from bridge.changes import DELETING, UNCERTAIN, Digest
 from bridge.checkpoints import Checkpoint, CheckpointStore
+from bridge.checkpoints.base import PlainRow, load_bulk
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.errors import CheckpointError
@@ -119,3 +120,31 @@ async def test_sqlite_errors_are_checkpoint_errors(tmp_path: Path) -> None:
         await SqliteCheckpointStore(tmp_path / "dir.db").open()
     with pytest.raises(CheckpointError, match="not open"):
         await SqliteCheckpointStore(tmp_path / "x.db").load("r")
+
+
+async def test_bulk_load_gives_plain_rows_converted_and_the_others_as_digests(
+    store: CheckpointStore,
+) -> None:
+    plain = [Digest(f"ns/p{i}", f"u{i}", str(i), f"f{i}") for i in range(25_000)]
+    others = [
+        Digest("ns/q1", "u", "7", "f", state=UNCERTAIN),
+        Digest("ns/q2", "u", "8", "f", state=DELETING),
+        Digest("ns/q3", "u", "9", "f", prior="old-uid"),
+    ]
+    await store.commit("pods", "42", [*plain, *others], ())
+    chunks: list[int] = []
+
+    def convert(rows: list[PlainRow]) -> list[PlainRow]:
+        chunks.append(len(rows))
+        return rows
+
+    bulk = await load_bulk(store, "pods", convert)
+    assert bulk is not None and bulk.resource_version == "42" and len(bulk) == 25_003
+    assert sorted(bulk.plain) == sorted(
+        (d.key, d.uid, d.resource_version, d.fingerprint) for d in plain
+    )
+    assert sorted(bulk.others, key=lambda d: d.key) == others
+    assert sum(chunks) == 25_000
+    if isinstance(store, SqliteCheckpointStore):
+        assert max(chunks) < 25_000  # converted a chunk at a time, never all rows at once
+    assert await load_bulk(store, "nothing", convert) is None

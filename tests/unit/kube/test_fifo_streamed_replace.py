@@ -241,3 +241,29 @@ async def test_a_stuck_consumer_never_stops_a_replace(cls: type[FIFO]) -> None:
         assert len(fifo) >= 999
         consumer.gate.set()
         await asyncio.wait_for(fifo.wait_for_sync(), 5)
+
+
+async def test_a_paced_replace_waits_for_room_and_an_unpaced_one_never_does() -> None:
+    def obj(i: int) -> RawObject:
+        return {"metadata": {"name": f"p{i}", "namespace": "ns", "resourceVersion": str(i)}}
+
+    unpaced = RealFIFO(max_queued=2)
+    r = unpaced.begin_replace()
+    for i in range(5):
+        await asyncio.wait_for(r.add(obj(i)), 1)  # a LIST is never held up
+    assert len(unpaced) == 5
+
+    fifo = RealFIFO(max_queued=2)
+    r = fifo.begin_replace(paced=True)
+    await r.add(obj(0))
+    await r.add(obj(1))
+    third = asyncio.create_task(r.add(obj(2)))
+    await asyncio.sleep(0.01)
+    assert not third.done() and len(fifo) == 2  # the stream waits for the consumer
+
+    async def drop(deltas: list[Delta], initial: bool) -> None:
+        pass
+
+    await fifo.pop(drop)
+    await asyncio.wait_for(third, 1)
+    assert len(fifo) == 2

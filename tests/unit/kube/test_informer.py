@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from bridge.kube.informer import SharedInformer, slim_record
-from bridge.kube.objects import DeletedFinalStateUnknown, ListResponse, RawObject, WatchEvent
+from bridge.kube.objects import (
+    CachedObject,
+    DeletedFinalStateUnknown,
+    ListResponse,
+    RawObject,
+    WatchEvent,
+    resource_version,
+)
 from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.store import IndexerError, label_index
 
@@ -55,8 +62,8 @@ def pod(name: str, rv: int, *, uid: str | None = None, ns: str = "ns1", **extra:
     return obj
 
 
-def rv(obj: RawObject | None) -> str | None:
-    return None if obj is None else obj["metadata"]["resourceVersion"]
+def rv(obj: CachedObject | None) -> str | None:
+    return None if obj is None else resource_version(obj)
 
 
 class Recorder:
@@ -387,12 +394,15 @@ async def test_slim_mode_caches_records_and_hands_handlers_full_new_objects() ->
     await informer.fifo.replace([full, pod("b", 1, spec={"x": 1})], "1")
     async with processing(informer):
         await eventually(lambda: len(h.events) == 2)
-        assert informer.store.get_by_key("ns1/a") == {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "a", "namespace": "ns1", "uid": "uid-a", "resourceVersion": "1"},
-            "fingerprint": fingerprint(full),
-        }
+        cached = informer.store.get_by_key("ns1/a")
+        assert not isinstance(cached, dict)
+        assert (cached.key, cached.uid, cached.resource_version, cached.fingerprint) == (
+            "ns1/a",
+            "uid-a",
+            "1",
+            fingerprint(full),
+        )
+        assert not cached.unconfirmed
         full2 = pod("a", 2, spec={"image": "v2"})
         await informer.fifo.update(full2)
         await informer.fifo.replace([full2], "3")  # "b" vanished

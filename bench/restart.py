@@ -1,0 +1,227 @@
+"""``python -m bench restart``: a restart on a SQLite checkpoint of N objects.
+
+The bridge side of a restart, timed in a fresh subprocess per round: open the
+SQLite checkpoint (N digests and a watermark, written beforehand by the
+store's own ``commit``), ``ResourcePipeline.load`` (digests → the informer's
+cache), start the pipeline, and resume the watch from the watermark. The
+watch replays ``--replay`` changes made before the crash whose events were
+already acknowledged (new resourceVersions, same content: echoes the
+fingerprints must recognise), then a BOOKMARK. *Ready*: the pipeline is
+synced and every replayed change is processed. Then the pipeline keeps
+running ``--settle`` seconds and every event the sink got is counted:
+a correct restart publishes none.
+
+The API server is the project's scripted ListerWatcher, not the emulator:
+an emulator holding a million Pods would cost the machine ~3 GB and minutes
+to fill, and a resumed watch never lists them. The checkpoint file is built
+once per N (cached under ``--dir``) and copied for each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench._support import cpu_model, update_benchmarks_md
+
+RESOURCE_ID = "v1/pods"
+WATERMARK = 50_000_000
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _pod(i: int, rv: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"web-{i:07d}",
+            "namespace": f"team-{i % 200:03d}",
+            "uid": str(
+                uuid.UUID(int=(i * 0x9E3779B97F4A7C15_9E3779B97F4A7C15) % 2**128, version=4)
+            ),
+            "resourceVersion": str(rv),
+            "labels": {"app": "web"},
+        },
+        "spec": {"nodeName": f"node-{i % 50}", "containers": [{"name": "c", "image": "img:1"}]},
+    }
+
+
+async def _build(path: Path, objects: int) -> None:
+    from bridge.changes import Digest, Fingerprinter
+    from bridge.checkpoints.sqlite import SqliteCheckpointStore
+    from bridge.kube.objects import namespace_key
+
+    fp = Fingerprinter()
+    store = SqliteCheckpointStore(path)
+    await store.open()
+    chunk = 50_000
+    for start in range(0, objects, chunk):
+        digests = []
+        for i in range(start, min(objects, start + chunk)):
+            obj = _pod(i, 1_000_000 + i)
+            m = obj["metadata"]
+            digests.append(
+                Digest(namespace_key(obj), m["uid"], m["resourceVersion"], fp.fingerprint(obj))
+            )
+        last = start + chunk >= objects
+        await store.commit(RESOURCE_ID, str(WATERMARK) if last else None, digests, ())
+    await store.close()
+
+
+async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
+    from bridge.changes import ChangeDetector, Fingerprinter
+    from bridge.checkpoints.sqlite import SqliteCheckpointStore
+    from bridge.events import EventBuilder
+    from bridge.kube.scripted import HANG, ScriptedListerWatcher
+    from bridge.pipeline import PipelineSettings, ResourcePipeline
+    from bridge.sinks.memory import MemorySink
+
+    lw = ScriptedListerWatcher()
+    # Changes made before the crash and already published: echoes of the checkpoint.
+    echoes: list[Any] = [
+        {"type": "MODIFIED", "object": _pod(i, WATERMARK + 1 + i)} for i in range(replay)
+    ]
+    bookmark = {
+        "type": "BOOKMARK",
+        "object": {"kind": "Pod", "metadata": {"resourceVersion": str(WATERMARK + replay + 1)}},
+    }
+    lw.add_watch([*echoes, bookmark, HANG])
+    sink = MemorySink()
+    await sink.start()
+    rss0 = _rss()
+
+    t0 = time.perf_counter()
+    store = SqliteCheckpointStore(path)
+    await store.open()
+    pipeline = ResourcePipeline(
+        resource_id=RESOURCE_ID,
+        lw=lw,
+        detector=ChangeDetector(Fingerprinter()),
+        builder=EventBuilder(cluster="bench", group="", version="v1", kind="Pod", plural="pods"),
+        sink=sink,
+        checkpoints=store,
+        settings=PipelineSettings(),
+    )
+    await pipeline.load()
+    loaded = time.perf_counter() - t0
+    task = asyncio.create_task(pipeline.run())
+    informer = pipeline.informer
+    assert informer is not None
+    while not (
+        pipeline.has_synced()
+        and lw.delivered >= replay + 1
+        and informer.fifo.processed_total >= replay
+        and informer.fifo.is_idle()
+    ):
+        await asyncio.sleep(0.001)
+    ready = time.perf_counter() - t0
+    rss_ready = _rss() - rss0
+    await asyncio.sleep(settle)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await store.close()
+    return {
+        "objects": len(informer.store),
+        "load_s": loaded,
+        "ready_s": ready,
+        "published": len(sink.events),
+        "suppressed": pipeline.stats.suppressed,
+        "rss_mib": rss_ready / 2**20,
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench restart", description=__doc__)
+    p.add_argument("--objects", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--replay", type=int, default=1000)
+    p.add_argument("--settle", type=float, default=2.0)
+    p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "k8s-bridge-bench"))
+    p.add_argument("--label", default="", help="a name for this code in the printed rows")
+    p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    p.add_argument("--child", metavar="DB", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        result = asyncio.run(_round(Path(args.child), args.replay, args.settle))
+        print(json.dumps(result))
+        return 0
+
+    os.makedirs(args.dir, exist_ok=True)
+    rows: list[tuple[int, list[dict[str, float]]]] = []
+    status = 0
+    for n in args.objects:
+        source = Path(args.dir) / f"restart-{n}.db"
+        if not source.exists():
+            print(f"writing a checkpoint of {n:,} objects to {source} ...", flush=True)
+            asyncio.run(_build(source, n))
+        results = []
+        for _ in range(args.rounds):
+            work = Path(args.dir) / f"restart-{n}-round.db"
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{work}{suffix}").unlink(missing_ok=True)
+            shutil.copyfile(source, work)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    *("-m", "bench", "restart", "--child", str(work)),
+                    *("--replay", str(args.replay), "--settle", str(args.settle)),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            r = json.loads(out.strip().splitlines()[-1])
+            results.append(r)
+            status |= r["published"] != 0 or r["objects"] != n
+            print(
+                f"{args.label}{n:>9,} objects: checkpoint loaded in {r['load_s']:.2f} s,"
+                f" ready in {r['ready_s']:.2f} s, {r['published']} events published"
+                f" ({r['suppressed']} echoes suppressed), RSS +{r['rss_mib']:.0f} MiB",
+                flush=True,
+            )
+        rows.append((n, results))
+    if args.write:
+        lines = [
+            f"`python -m bench restart --objects {' '.join(map(str, args.objects))}"
+            f" --rounds {args.rounds} --write` — "
+            + " ".join((__doc__ or "").split("\n\n")[1].split()),
+            "",
+            "| objects in the checkpoint | checkpoint loaded (s) | ready (s) | events published"
+            " | RSS at ready above the start |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for n, results in rows:
+            best = min(results, key=lambda r: r["ready_s"])
+            worst = max(results, key=lambda r: r["ready_s"])
+            lines.append(
+                f"| {n:,} | {best['load_s']:.2f} | {best['ready_s']:.2f}"
+                f" (worst {worst['ready_s']:.2f}) | {max(r['published'] for r in results):.0f}"
+                f" | {min(r['rss_mib'] for r in results):,.0f} MiB |"
+            )
+        lines += [
+            "",
+            f"Best of {args.rounds} round(s), each a fresh process with"
+            f" {args.replay:,} replayed echoes. Measured 2026-11-22 on {cpu_model()}, 2 cores,"
+            f" Python {platform.python_version()}.",
+        ]
+        update_benchmarks_md(
+            Path(__file__).parent.parent / "BENCHMARKS.md", "Restart", "\n".join(lines)
+        )
+    return int(status)

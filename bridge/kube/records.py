@@ -1,0 +1,236 @@
+"""Compact cache records: what a slim informer keeps per key.
+
+Change detection needs, per object, its key, uid, resourceVersion and
+fingerprint, plus whether that state is unconfirmed (restored from a
+checkpoint written ahead). Kept as dicts of strings this costs ~1.1 KB per
+object; at a million objects that is the bridge's whole memory budget.
+
+A ``PackedRecord`` is the key plus ``packed``, one 41-byte ``bytes``: a flags
+byte, the uid as 16 raw bytes, the fingerprint as 16 raw bytes and the
+resourceVersion as an unsigned 64-bit integer. The informer's store
+(bridge/kube/store.py) keeps only ``packed`` under the key it already holds
+(80 B, not tracked by the cyclic GC, so a million cached objects add nothing
+to each collection's work) and hands out a ``PackedRecord`` view when read.
+
+Values that do not round-trip through that layout exactly (a uid that is not
+a lowercase canonical UUID, a fingerprint that is not 32 lowercase hex
+digits, a resourceVersion that is not a plain decimal below 2**64) are kept
+as strings in a ``LooseRecord``: rarer and larger, but never altered. Both
+answer the same attributes (the ``Record`` protocol); build them with
+``make_record``, which picks the layout.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, TypeGuard
+
+__all__ = [
+    "LooseRecord",
+    "PackedRecord",
+    "Record",
+    "is_record",
+    "make_record",
+]
+
+_UNCONFIRMED = 1
+_PACK = struct.Struct(">B16s16sQ")  # flags, uid, fingerprint, resourceVersion
+_RV_MAX = 2**64
+
+
+class Record(Protocol):
+    """The cached state of one object in a slim informer."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def resource_version(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def unconfirmed(self) -> bool: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+def _uuid_hex(raw: bytes) -> str:
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class PackedRecord:
+    """A key and its packed state: flags (1) | uid (16) | fingerprint (16) | rv (8, big-endian)."""
+
+    __slots__ = ("key", "packed")
+
+    def __init__(self, key: str, packed: bytes) -> None:
+        self.key = key
+        self.packed = packed
+
+    @property
+    def uid(self) -> str:
+        return _uuid_hex(self.packed[1:17])
+
+    @property
+    def fingerprint(self) -> str:
+        return self.packed[17:33].hex()
+
+    @property
+    def resource_version(self) -> str:
+        return str(int.from_bytes(self.packed[33:41], "big"))
+
+    @property
+    def unconfirmed(self) -> bool:
+        return bool(self.packed[0] & _UNCONFIRMED)
+
+    @property
+    def namespace(self) -> str:
+        return self.key.rpartition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition("/")[2]
+
+    def confirmed(self) -> PackedRecord:
+        """The same state, no longer unconfirmed."""
+        packed = self.packed
+        if not packed[0] & _UNCONFIRMED:
+            return self
+        return PackedRecord(self.key, bytes((packed[0] & ~_UNCONFIRMED,)) + packed[1:])
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, PackedRecord)
+            and self.key == other.key
+            and self.packed == other.packed
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.packed))
+
+    def __repr__(self) -> str:
+        return _repr(self)
+
+
+class LooseRecord:
+    """The same record with its values kept as strings, for values a ``PackedRecord``
+    cannot hold exactly."""
+
+    __slots__ = ("fingerprint", "key", "resource_version", "uid", "unconfirmed")
+
+    def __init__(
+        self, key: str, uid: str, resource_version: str, fingerprint: str, unconfirmed: bool
+    ) -> None:
+        self.key = key
+        self.uid = uid
+        self.resource_version = resource_version
+        self.fingerprint = fingerprint
+        self.unconfirmed = unconfirmed
+
+    @property
+    def namespace(self) -> str:
+        return self.key.rpartition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition("/")[2]
+
+    def confirmed(self) -> LooseRecord:
+        if not self.unconfirmed:
+            return self
+        return LooseRecord(self.key, self.uid, self.resource_version, self.fingerprint, False)
+
+    def _fields(self) -> tuple[str, str, str, str, bool]:
+        return (self.key, self.uid, self.resource_version, self.fingerprint, self.unconfirmed)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LooseRecord) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return _repr(self)
+
+
+def _repr(r: Record) -> str:
+    flag = ", unconfirmed" if r.unconfirmed else ""
+    return (
+        f"{type(r).__name__}({r.key!r}, uid={r.uid!r}, rv={r.resource_version!r},"
+        f" fp={r.fingerprint!r}{flag})"
+    )
+
+
+def make_record(
+    key: str, uid: str, resource_version: str, fingerprint: str, unconfirmed: bool = False
+) -> PackedRecord | LooseRecord:
+    """The most compact record that gives back exactly these values."""
+    try:
+        raw_uid = bytes.fromhex(uid.replace("-", ""))
+        raw_fp = bytes.fromhex(fingerprint)
+        rv = int(resource_version)
+    except ValueError:
+        raw_uid = raw_fp = b""
+        rv = -1
+    # fromhex and int() accept more spellings than they give back (upper case,
+    # spaces, signs, leading zeros): pack only what reads back the same.
+    if (
+        len(raw_uid) == 16
+        and len(raw_fp) == 16
+        and 0 <= rv < _RV_MAX
+        and str(rv) == resource_version
+        and raw_fp.hex() == fingerprint
+        and _uuid_hex(raw_uid) == uid
+    ):
+        flags = _UNCONFIRMED if unconfirmed else 0
+        return PackedRecord(key, _PACK.pack(flags, raw_uid, raw_fp, rv))
+    return LooseRecord(key, uid, resource_version, fingerprint, unconfirmed)
+
+
+def is_record(obj: Any) -> TypeGuard[PackedRecord | LooseRecord]:
+    """True for a slim cache record (as opposed to an object or a tombstone)."""
+    return type(obj) is PackedRecord or type(obj) is LooseRecord
+
+
+def records_of_rows(
+    rows: Iterable[tuple[str, str, str, str]],
+) -> Iterator[PackedRecord | LooseRecord]:
+    """``make_record(key, uid, resourceVersion, fingerprint)`` for many rows: a restart's
+    checkpoint, a million rows at a time, so the common case is inlined."""
+    pack = _PACK.pack
+    fromhex = bytes.fromhex
+    for key, uid, rv, fp in rows:
+        # The checks that make ``make_record`` exact, cheapest first: a dash-less
+        # lowercase UUID of 32 hex digits, 32 lowercase hex digits, a plain decimal.
+        if (
+            len(uid) == 36
+            and uid[8] == uid[13] == uid[18] == uid[23] == "-"
+            and len(fp) == 32
+            and rv.isdigit()
+            and rv.isascii()
+            and (rv[0] != "0" or rv == "0")
+            and len(rv) < 20
+            and (uid.islower() or uid == uid.lower())
+            and (fp.islower() or fp == fp.lower())
+        ):
+            try:
+                raw_uid = fromhex(uid.replace("-", ""))
+                raw_fp = fromhex(fp)
+            except ValueError:
+                pass
+            else:
+                if len(raw_uid) == 16 and len(raw_fp) == 16:
+                    yield PackedRecord(key, pack(0, raw_uid, raw_fp, int(rv)))
+                    continue
+        yield make_record(key, uid, rv, fp)

@@ -1,0 +1,140 @@
+"""Compact cache records: exact round trips, the packed layout's size, and their use as ``old``."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.changes import ChangeDetector, ChangeKind, Fingerprinter
+from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
+from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
+from bridge.kube.store import NAMESPACE_INDEX, Indexer
+
+UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
+FP = "00112233445566778899aabbccddeeff"
+
+
+def fields(r: PackedRecord | LooseRecord) -> tuple[str, str, str, str, bool]:
+    return (r.key, r.uid, r.resource_version, r.fingerprint, r.unconfirmed)
+
+
+def test_canonical_values_pack_into_one_small_bytes_object() -> None:
+    r = make_record("ns1/web-0", UID, "123456789", FP)
+    assert isinstance(r, PackedRecord)
+    assert fields(r) == ("ns1/web-0", UID, "123456789", FP, False)
+    assert (r.namespace, r.name) == ("ns1", "web-0")
+    # What the store keeps under the key: flags + uid + fingerprint + rv, one untracked bytes.
+    assert type(r.packed) is bytes and len(r.packed) == 1 + 16 + 16 + 8
+    assert not gc.is_tracked(r.packed)
+    u = make_record("ns1/web-0", UID, "123456789", FP, unconfirmed=True)
+    assert isinstance(u, PackedRecord) and u.unconfirmed and u != r
+    assert u.confirmed() == r and r.confirmed() is r
+
+
+def test_values_a_packed_record_cannot_give_back_exactly_stay_strings() -> None:
+    odd = [
+        ("uid-a", "1", FP),  # not a UUID
+        (UID.upper(), "1", FP),  # upper case would come back lower case
+        (UID.replace("-", ""), "1", FP),  # no dashes
+        (UID, "01", FP),  # a leading zero
+        (UID, "+1", FP),
+        (UID, "-1", FP),
+        (UID, str(2**64), FP),
+        (UID, "", FP),
+        (UID, "abc", FP),
+        (UID, "1", FP.upper()),
+        (UID, "1", FP[:-2]),
+        (UID, "1", "f"),
+        ("", "", ""),
+    ]
+    for uid, rv, fp in odd:
+        r = make_record("k", uid, rv, fp, unconfirmed=True)
+        assert isinstance(r, LooseRecord), (uid, rv, fp)
+        assert fields(r) == ("k", uid, rv, fp, True)
+        assert r.confirmed() == LooseRecord("k", uid, rv, fp, False)
+
+
+@given(
+    key=st.text(min_size=1),
+    uid=st.one_of(st.uuids().map(str), st.text()),
+    rv=st.one_of(st.integers(min_value=0, max_value=2**64 + 5).map(str), st.text()),
+    fp=st.one_of(st.binary(min_size=16, max_size=16).map(bytes.hex), st.text()),
+    unconfirmed=st.booleans(),
+)
+def test_every_record_gives_back_exactly_what_it_was_made_of(
+    key: str, uid: str, rv: str, fp: str, unconfirmed: bool
+) -> None:
+    assert fields(make_record(key, uid, rv, fp, unconfirmed)) == (key, uid, rv, fp, unconfirmed)
+
+
+def test_records_are_keyed_and_indexed_by_namespace() -> None:
+    store = Indexer()
+    store.add(make_record("ns1/a", UID, "5", FP))
+    store.add(make_record("ns2/b", str(uuid.uuid4()), "6", FP))
+    store.add(make_record("cluster-wide", "u", "7", "f"))
+    assert namespace_key(make_record("ns1/a", UID, "5", FP)) == "ns1/a"
+    assert store.index_keys(NAMESPACE_INDEX, "ns1") == ["ns1/a"]
+    assert store.index_keys(NAMESPACE_INDEX, "") == ["cluster-wide"]
+    store.update(make_record("ns1/a", UID, "8", FP))
+    assert store.get_by_key("ns1/a") == make_record("ns1/a", UID, "8", FP)
+    assert resource_version(store.get_by_key("ns1/a") or {}) == "8"
+    assert store.list()[0] == make_record("ns1/a", UID, "8", FP)
+    assert store.by_index(NAMESPACE_INDEX, "ns1") == [make_record("ns1/a", UID, "8", FP)]
+    store.delete_by_key("ns1/a")
+    assert store.list_index_func_values(NAMESPACE_INDEX) == ["", "ns2"]
+
+
+def pod(uid: str, rv: str, image: str = "v1") -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "ns1", "uid": uid, "resourceVersion": rv},
+        "spec": {"image": image},
+    }
+
+
+def test_change_detection_against_a_record() -> None:
+    detector = ChangeDetector(Fingerprinter())
+    old = pod(UID, "10")
+    record = make_record("ns1/web", UID, "10", detector.fingerprinter.fingerprint(old))
+    assert isinstance(record, PackedRecord)
+    assert detector.on_update(record, pod(UID, "11")) == []  # only the rv moved
+    [c] = detector.on_update(record, pod(UID, "12", image="v2"))
+    assert c.kind is ChangeKind.MODIFIED and c.old is None
+    # Another object of the same name: the old one's delete carries the record's metadata.
+    other = str(uuid.uuid4())
+    deleted, added = detector.on_update(record, pod(other, "13"))
+    assert deleted.tombstone and deleted.object == {
+        "metadata": {"name": "web", "namespace": "ns1", "uid": UID, "resourceVersion": "10"}
+    }
+    assert added.kind is ChangeKind.ADDED
+    # A relist tombstone carrying the record.
+    [c] = detector.on_delete(DeletedFinalStateUnknown("ns1/web", record))
+    assert c.tombstone and c.object == deleted.object
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.text(min_size=1),
+            st.one_of(st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()), st.text()),
+            st.one_of(
+                st.integers(min_value=0, max_value=2**64 + 5).map(str),
+                st.from_regex(r"[0+-][0-9]{1,3}", fullmatch=True),  # never packed
+                st.text(),
+            ),
+            st.one_of(
+                st.binary(min_size=16, max_size=16).map(bytes.hex),
+                st.binary(min_size=16, max_size=16).map(lambda b: b.hex().upper()),
+                st.text(),
+            ),
+        )
+    )
+)
+def test_bulk_conversion_of_checkpoint_rows_is_make_record(
+    rows: list[tuple[str, str, str, str]],
+) -> None:
+    assert list(records_of_rows(rows)) == [make_record(*row) for row in rows]
