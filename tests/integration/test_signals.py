@@ -25,6 +25,7 @@ from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.events import Event
 from bridge.heartbeat import HEARTBEAT_TYPE, Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.kube.records import is_record, make_record
 from bridge.pipeline import ResourcePipeline
 from bridge.sinks.memory import MemorySink
 from bridge.sinks.nats import NatsSink
@@ -98,14 +99,13 @@ async def test_a_snapshot_skips_objects_the_cache_does_not_hold_as_listed(
         # The cache is told a different version than the list will show: as if the
         # watch had not yet brought (or had already passed) the listed state.
         assert p.informer is not None
-        record = p.informer.store.get_by_key("default/moved")
-        assert record is not None
-        record["metadata"] = {**record["metadata"], "resourceVersion": cached_rv}
-        p.informer.store.delete(record)  # and one not cached at all
+        cached = p.informer.store.get_by_key("default/moved")
+        assert is_record(cached)
+        record = make_record(cached.key, cached.uid, cached_rv, cached.fingerprint)
         p.informer.store.update(record)
         kept = p.informer.store.get_by_key("default/kept")
         assert kept is not None
-        p.informer.store.delete(kept)
+        p.informer.store.delete(kept)  # and one not cached at all
         result = await take_snapshot(p, "sig2")
     assert result.announced == 0
     assert result.skipped == {"changed": 1, "not-cached": 1}

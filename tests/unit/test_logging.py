@@ -66,7 +66,8 @@ EXPECTED = {
     "bridge.kube.lease",
     "bridge.kube.reflector",
     "bridge.kube.informer",
-    "bridge.kube.client",
+    "bridge.snapshot",
+    "bridge.heartbeat",
 }
 
 
