@@ -36,6 +36,7 @@ from bridge.errors import (
     TooManyRequestsError,
 )
 from bridge.events import EventBuilder
+from bridge.filters import Filter
 from bridge.health import HealthServer
 from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.backoff import Backoff
@@ -295,6 +296,7 @@ class BridgeApp:
                     metrics=self.metrics,
                     label=label,
                     backoff=self._backoff,
+                    filter=Filter(res.filter, label=label) if res.filter else None,
                 )
                 pipelines.append(pipeline)
                 self.served.append((res, pipeline))

@@ -204,6 +204,9 @@ class ChangeKind(StrEnum):
     ADDED = "added"
     MODIFIED = "modified"
     DELETED = "deleted"
+    # The object left the resource's filter (bridge/filters.py): delete-like for
+    # consumers, though the object still exists.
+    FILTERED = "filtered"
 
 
 @dataclass(frozen=True, slots=True)

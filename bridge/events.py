@@ -94,6 +94,11 @@ class Event:
     def deleted(self) -> bool:
         return self.type.endswith(".deleted")
 
+    @property
+    def removes(self) -> bool:
+        """The object leaves consumers' views: deleted, or no longer matching the filter."""
+        return self.type.endswith((".deleted", ".filtered"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "specversion": SPECVERSION,
@@ -257,7 +262,7 @@ class EventBuilder:
         if self.include_old and change.old is not None:
             data["old"] = self.redact(change.old)
         if self.patch:
-            if change.kind is ChangeKind.DELETED:
+            if change.kind in (ChangeKind.DELETED, ChangeKind.FILTERED):
                 self._last.pop(change.key, None)
             else:
                 before = self._last.get(change.key)
@@ -266,8 +271,14 @@ class EventBuilder:
                 if before is not None and change.kind is ChangeKind.MODIFIED:
                     data["patch"] = jsonpatch.make_patch(before, public).patch
                 self._last[change.key] = public
+        if change.kind is ChangeKind.DELETED:
+            event_id = f"{uid}:deleted"
+        elif change.kind is ChangeKind.FILTERED:
+            event_id = f"{uid}:filtered:{rv}"
+        else:
+            event_id = f"{uid}:{rv}"
         return Event(
-            id=f"{uid}:deleted" if change.kind is ChangeKind.DELETED else f"{uid}:{rv}",
+            id=event_id,
             type=self._type_prefix + kind,
             source=self.source,
             subject=subject,

@@ -48,6 +48,7 @@ from bridge.changes import (
 from bridge.checkpoints.base import CheckpointStore, load_bulk
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
+from bridge.filters import Filter
 from bridge.gctune import gc_paused
 from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
@@ -129,6 +130,7 @@ class ResourcePipeline:
         label: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         backoff: Callable[[], Backoff] | None = None,
+        filter: Filter | None = None,
     ) -> None:
         self.resource_id = resource_id
         self.label = label or resource_id
@@ -144,6 +146,11 @@ class ResourcePipeline:
             lambda: Backoff(initial=s.retry_initial, cap=s.retry_cap, jitter=0.2)
         )
         self._full_old = builder.include_old or builder.patch
+        self._filter = filter
+        # Keys of cached objects outside the filter: never published (or taken out
+        # with a filtered event), so no digest, no delete. Only these keys cost
+        # memory; the checkpoint holds the objects in view.
+        self._out: set[str] = set()
         self._resumed = False
         self.informer: SharedInformer | None = None
         self.outbox = Outbox(self._digest_of, clock=clock)
@@ -185,7 +192,8 @@ class ResourcePipeline:
         return reflector is not None and reflector.connected
 
     def object_count(self) -> int:
-        return len(self.informer.store) if self.informer is not None else 0
+        """Objects in view: cached and not outside the filter."""
+        return len(self.informer.store) - len(self._out) if self.informer is not None else 0
 
     def unacknowledged(self) -> int:
         return self.outbox.unacknowledged
@@ -232,6 +240,8 @@ class ResourcePipeline:
 
     def _digest_of(self, key: str) -> Digest | None:
         """The cached state of ``key`` as a checkpoint digest (the cache is the one store)."""
+        if key in self._out:
+            return None  # outside the filter: not published, not checkpointed
         informer = self.informer
         obj = informer.store.get_by_key(key) if informer is not None else None
         if obj is None:
@@ -317,6 +327,8 @@ class ResourcePipeline:
             initial_resource_version=watermark,
             max_queued=s.max_queued,
             drop_stale=True,
+            # With a filter, a delete of an object never cached was never published.
+            notify_unknown_deletes=self._filter is None,
         )
         self.informer.add_event_handler(self, resync_period=s.resync_period)
 
@@ -394,19 +406,38 @@ class ResourcePipeline:
         if is_in_initial_list:
             self.stats.listed += 1
         key = namespace_key(obj)
-        uncertain = self.outbox.resolve(key)
-        if uncertain is not None:
-            self._decide(*self._confirm(uncertain, obj))
+        if self._filter is not None and not self._filter.matches(obj, None, "added"):
+            # First seen in this run (not cached): in view only if a previous run
+            # may have published it, which the uncertain check in _leave_view knows.
+            self._leave_view(key, obj, was_in=False)
         else:
-            initial = is_in_initial_list and not self._resumed
-            self._decide(self._detector.on_add(obj, None, initial=initial))
+            uncertain = self.outbox.resolve(key)
+            if uncertain is not None:
+                self._decide(*self._confirm(uncertain, obj))
+            else:
+                initial = is_in_initial_list and not self._resumed
+                self._decide(self._detector.on_add(obj, None, initial=initial))
         await self._wait_for_room()
 
     async def on_update(self, old: CachedObject, new: CachedObject) -> None:
         self._observe()
         if not isinstance(new, dict) or FINGERPRINT_FIELD in new:
             return  # a resync of a cached (slim) record: never news, never a confirmation
-        uncertain = self.outbox.resolve(namespace_key(new))
+        key = namespace_key(new)
+        if self._filter is not None:
+            full_old = old if isinstance(old, dict) and FINGERPRINT_FIELD not in old else None
+            if not self._filter.matches(new, full_old, "modified"):
+                self._leave_view(key, new, was_in=key not in self._out)
+                await self._wait_for_room()
+                return
+            if key in self._out:
+                # Entering the view: for consumers it appears now.
+                self._out.discard(key)
+                self.outbox.resolve(key)
+                self._decide(self._detector.on_add(new, None))
+                await self._wait_for_room()
+                return
+        uncertain = self.outbox.resolve(key)
         if uncertain is not None:
             self._decide(*self._confirm(uncertain, new))
         else:
@@ -415,9 +446,26 @@ class ResourcePipeline:
 
     async def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._observe()
-        self.outbox.resolve(namespace_key(obj))
+        key = namespace_key(obj)
+        if key in self._out:
+            self._out.discard(key)  # never published (or already taken out): nothing to say
+            return
+        self.outbox.resolve(key)
         self._decide(self._detector.on_delete(obj))
         await self._wait_for_room()
+
+    def _leave_view(self, key: str, obj: RawObject, *, was_in: bool) -> None:
+        """``obj`` does not match the filter. If consumers may hold it (it was in view,
+        or a previous run may have published it), it leaves with a filtered event."""
+        if key in self._out:
+            self.stats.suppressed += 1
+            return
+        self._out.add(key)
+        uncertain = self.outbox.resolve(key)
+        if was_in or uncertain is not None:
+            self._decide([Change(ChangeKind.FILTERED, obj, key)])
+        else:
+            self.stats.suppressed += 1
 
     def _confirm(self, uncertain: Digest, obj: RawObject) -> tuple[list[Change], str | None]:
         """The first news of a key a previous run left uncertain (its event may be on the

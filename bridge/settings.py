@@ -37,6 +37,7 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigError
+from bridge.filters import compile_filter
 from bridge.kube.selectors import (
     SelectorError,
     normalize_field_selector,
@@ -110,12 +111,28 @@ class ResourceSettings(_Section):
         description="What to do with an event the bus refuses for good (too large, not "
         "permitted); omitted: sink.poisonPolicy",
     )
+    filter: str | None = Field(
+        default=None,
+        description="CEL expression over object, oldObject and type; only objects it holds "
+        "for are published (one leaving it: a filtered event), e.g. "
+        "object.status.phase == 'Failed'",
+    )
     heartbeat_interval: float | None = Field(
         default=None,
         gt=0,
         description="Seconds between io.k8s.bridge.heartbeat events of this resource (committed "
         "watermark, object count, seconds since the last change, synced/watch up); omitted: none",
     )
+
+    @field_validator("filter")
+    @classmethod
+    def _filter(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                compile_filter(value)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        return value
 
     @field_validator("label_selector")
     @classmethod

@@ -185,8 +185,14 @@ class SharedInformer:
         initial_resource_version: str | None = None,
         max_queued: int | None = 1000,
         drop_stale: bool = False,
+        notify_unknown_deletes: bool = True,
     ) -> None:
         self._lw = lw
+        # client-go tells handlers of every delete, cached or not. A handler that
+        # keeps only some objects (a filter) and was started from a checkpoint
+        # cannot tell "never cached" from "cached, then dropped", so it may ask
+        # to hear only of deletes of objects the cache held.
+        self._notify_unknown_deletes = notify_unknown_deletes
         # A watch resumed from a checkpoint's watermark replays changes the
         # cache (seeded from the checkpoint) may already be past; an older
         # state of the same object must not overwrite a newer one.
@@ -361,9 +367,11 @@ class SharedInformer:
         # once: either in its catch-up snapshot or as this notification.
         regs = list(self._registrations)
         if delta.type is DeltaType.Deleted:
-            if self._drop_stale and not isinstance(obj, DeletedFinalStateUnknown):
+            if not isinstance(obj, DeletedFinalStateUnknown):
                 cached = self.store.get(obj)
-                if cached is not None and _older(obj, cached):
+                if cached is None and not self._notify_unknown_deletes:
+                    return
+                if self._drop_stale and cached is not None and _older(obj, cached):
                     return  # the delete of an earlier object of the same name
             self.store.delete(obj)
             for reg in regs:

@@ -244,7 +244,7 @@ class KafkaSink:
                 for i, e in enumerate(events):
                     try:
                         if self.state_table and e.type != HEARTBEAT_TYPE:
-                            value = None if e.deleted else orjson.dumps(e.data.get("object"))
+                            value = None if e.removes else orjson.dumps(e.data.get("object"))
                             fut = await producer.send(
                                 self.topic_for(e), value, key=state_key(e), headers=e.headers
                             )

@@ -18,6 +18,7 @@ from bridge.changes import CERTAIN, UNCERTAIN, ChangeDetector, Fingerprinter
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.events import EventBuilder
+from bridge.filters import Filter
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
@@ -65,6 +66,7 @@ class Harness:
         self.sink = MemorySink()
         self.checkpoints = MemoryCheckpointStore()
         self.ignore = ["status.conditions"]
+        self.filter: str | None = None
 
     async def pipeline(self) -> ResourcePipeline:
         info = await Discovery(self.client).resolve("v1", "Pod")
@@ -76,6 +78,7 @@ class Harness:
             sink=self.sink,
             checkpoints=self.checkpoints,
             settings=FAST,
+            filter=Filter(self.filter) if self.filter else None,
         )
 
     @contextlib.asynccontextmanager
