@@ -44,7 +44,7 @@ class ReceivedEvent:
 
     @property
     def change(self) -> str:
-        """``added`` | ``modified`` | ``deleted``."""
+        """``added`` | ``modified`` | ``deleted`` | ``filtered`` | ``snapshot``."""
         return self.type.rsplit(".", 1)[-1]
 
     @property

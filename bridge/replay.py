@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import TextIO
 
 from bridge.app import build_checkpoints, build_sink, event_builder, resource_id
-from bridge.changes import Change, ChangeDetector, Fingerprinter, object_from_digest
+from bridge.changes import Change, ChangeDetector, ChangeKind, Fingerprinter, object_from_digest
 from bridge.checkpoints.base import Checkpoint
 from bridge.configured import find_resource, pick_namespace
 from bridge.errors import ConfigError, ExpiredError, status_error
 from bridge.events import Event, EventBuilder
+from bridge.filters import Filter
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
@@ -146,10 +147,11 @@ async def replay(
         )
         builder = event_builder(settings, res, info)
         detector = ChangeDetector(Fingerprinter(res.ignore_fields))
+        view = _View(Filter(res.filter, label=info.plural) if res.filter else None)
         await sink.start()
         await counter.start()
         try:
-            await _replay_watch(lw, builder, detector, out, from_rv, stop, quiet)
+            await _replay_watch(lw, builder, detector, view, out, from_rv, stop, quiet)
             n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
             err.write(
                 f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}{note}\n"
@@ -164,7 +166,7 @@ async def replay(
             )
             # One namespace of an all-namespaces checkpoint: only its digests take part.
             only = namespace if not res.namespaces else None
-            await _replay_diff(settings, lw, info, rid, only, builder, detector, out, err)
+            await _replay_diff(settings, lw, info, rid, only, builder, detector, view, out, err)
             n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
             err.write(f"published {n} change(s) of {info.plural} from a relist diff{note}\n")
         return 0
@@ -191,10 +193,37 @@ async def _list_all(lw: ListWatch, options: ListOptions) -> tuple[list[RawObject
             return items, list_rv
 
 
+class _View:
+    """A resource's filter as the running bridge applies it: which objects are in view
+    (published), and what entering or leaving it publishes (see bridge/filters.py)."""
+
+    def __init__(self, filter: Filter | None) -> None:
+        self.filter = filter
+        self.keys: set[str] = set()
+
+    def holds(self, obj: RawObject, old: RawObject | None, type: str) -> bool:
+        return self.filter is None or self.filter.matches(obj, old, type)
+
+    def changes(
+        self, detector: ChangeDetector, previous: RawObject | None, obj: RawObject
+    ) -> list[Change] | None:
+        """What the filter decides for an add or update; None: the detector decides."""
+        if self.filter is None:
+            return None
+        key = namespace_key(obj)
+        was_in = key in self.keys
+        if not self.filter.matches(obj, previous, "modified" if previous else "added"):
+            self.keys.discard(key)
+            return [Change(ChangeKind.FILTERED, obj, key)] if was_in else []
+        self.keys.add(key)
+        return None if was_in else detector.on_add(obj)
+
+
 async def _replay_watch(
     lw: ListWatch,
     builder: EventBuilder,
     detector: ChangeDetector,
+    view: _View,
     out: _RunPublisher,
     from_rv: str,
     stop: asyncio.Event,
@@ -210,6 +239,9 @@ async def _replay_watch(
         lw, ListOptions(resource_version=from_rv, resource_version_match="Exact", limit=500)
     )
     state: dict[str, RawObject] = {namespace_key(o): o for o in baseline}
+    # In view at from_rv: what the filter holds for then (the bridge's history before
+    # it is not known; an object's membership follows its state).
+    view.keys = {k for k, o in state.items() if view.holds(o, None, "modified")}
     # Where "now" is: replay ends there (or when the stream stays quiet).
     head = await lw.list(ListOptions(limit=1))
     target = _rv_int(str((head.get("metadata") or {}).get("resourceVersion", "")))
@@ -227,7 +259,8 @@ async def _replay_watch(
                 raise status_error(dict(obj))
             rv = _rv_int(str((obj.get("metadata") or {}).get("resourceVersion", "")))
             if etype in ("ADDED", "MODIFIED", "DELETED"):
-                batch.extend(builder.build(c) for c in _changes(detector, state, str(etype), obj))
+                changes = _changes(detector, view, state, str(etype), obj)
+                batch.extend(builder.build(c) for c in changes)
                 if len(batch) >= 500:
                     await out.publish(batch)
                     batch = []
@@ -237,14 +270,24 @@ async def _replay_watch(
 
 
 def _changes(
-    detector: ChangeDetector, state: dict[str, RawObject], etype: str, obj: RawObject
+    detector: ChangeDetector,
+    view: _View,
+    state: dict[str, RawObject],
+    etype: str,
+    obj: RawObject,
 ) -> list[Change]:
     key = namespace_key(obj)
     if etype == "DELETED":
         state.pop(key, None)
+        if view.filter is not None and key not in view.keys:
+            return []  # never published
+        view.keys.discard(key)
         return detector.on_delete(obj)
     previous = state.get(key)
     state[key] = obj
+    decided = view.changes(detector, previous, obj)
+    if decided is not None:
+        return decided
     if previous is None:
         return detector.on_add(obj)
     return detector.on_update(previous, obj)
@@ -280,6 +323,7 @@ async def _replay_diff(
     only_namespace: str | None,
     builder: EventBuilder,
     detector: ChangeDetector,
+    view: _View,
     out: _RunPublisher,
     err: TextIO,
 ) -> None:
@@ -290,7 +334,13 @@ async def _replay_diff(
     items, _ = await _list_all(lw, ListOptions(limit=500))
     changes: list[Change] = []
     for obj in items:
-        changes.extend(detector.on_add(obj, digests.pop(namespace_key(obj), None)))
+        known = digests.pop(namespace_key(obj), None)
+        if not view.holds(obj, None, "modified" if known else "added"):
+            # Outside the filter: published as leaving it if the checkpoint holds it.
+            if known is not None:
+                changes.append(Change(ChangeKind.FILTERED, obj, namespace_key(obj)))
+            continue
+        changes.extend(detector.on_add(obj, known))
     for key, digest in digests.items():
         last = object_from_digest(digest, api_version=info.api_version, kind=info.kind)
         changes.extend(detector.on_delete(DeletedFinalStateUnknown(key, last)))

@@ -117,3 +117,32 @@ async def test_check_and_config_validate_reject_a_filter_that_does_not_compile(
             "config error: resources[0].filter: \"object.status.phase = 'Failed'\" does not "
             "compile: line 1, column 21: Syntax error: token recognition error at: '= '"
         ], (command, err)
+
+
+async def test_replay_applies_the_filter_as_the_running_bridge_did(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    emulator.create(pod("a"))
+    config = config_with(tmp_path, kubeconfig, nats_control, FAILED)
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        phase(emulator, "a", "Failed")  # enters
+        emulator.create(pod("b"))  # never in view
+        emulator.delete("v1", "Pod", "b", namespace="default")
+        phase(emulator, "a", "Running")  # leaves
+        emulator.delete("v1", "Pod", "a", namespace="default")  # out of view: nothing
+        await until(lambda: _count(nats_control, 2), 20, bridge.tail_log)
+        await asyncio.sleep(0.5)
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+    live = await jetstream_events(nats_control.url)
+    assert summary(live) == [("added", "default/a"), ("filtered", "default/a")]
+    rc, _, err = await cli(
+        "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", str(mid)
+    )
+    assert rc == 0, err
+    replayed = (await jetstream_events(nats_control.url))[len(live) :]
+    assert [e["id"] for e in replayed] == [e["id"] for e in live]
