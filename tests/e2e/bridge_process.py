@@ -112,6 +112,31 @@ class BridgeProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+async def run_until_exit(bridge: BridgeProcess, timeout: float = 30.0) -> tuple[int, str]:
+    """Start ``bridge`` and wait for it to exit by itself: (exit code, its log)."""
+    await bridge.start()
+    assert bridge.proc is not None
+    try:
+        code = await asyncio.wait_for(bridge.proc.wait(), timeout)
+    finally:
+        if bridge.proc.returncode is None:
+            await bridge.stop()
+    return code, bridge.log.read_text()
+
+
+def kafka_sink(bootstrap: str, topic: str) -> dict[str, Any]:
+    """The ``sink`` section for a test's Kafka-protocol broker (Tansu)."""
+    return {
+        "kind": "kafka",
+        "kafka": {
+            "bootstrapServers": [bootstrap],
+            "topic": topic,
+            "enableIdempotence": False,  # Tansu rejects the idempotent producer
+            "lingerMs": 1,
+        },
+    }
+
+
 async def until(
     cond: Callable[[], Any], timeout: float = 20.0, message: Callable[[], str] | None = None
 ) -> None:

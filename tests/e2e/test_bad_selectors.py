@@ -5,13 +5,12 @@ stops ``run`` with exit 1 and one line naming the resource and the server's reas
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, cli, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, run_until_exit, write_config
 from tests.e2e.test_check import check, failures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -60,14 +59,7 @@ async def test_unsupported_field_selector_stops_run_with_one_line(
     tmp_path: Path, kubeconfig: Path, emulator: Emulator
 ) -> None:
     bridge = BridgeProcess(config_with(tmp_path, kubeconfig, fieldSelector=BOGUS))
-    await bridge.start()
-    assert bridge.proc is not None
-    try:
-        code = await asyncio.wait_for(bridge.proc.wait(), 30)
-    finally:
-        if bridge.proc.returncode is None:
-            await bridge.stop()
-    log = bridge.log.read_text()
+    code, log = await run_until_exit(bridge)
     assert code == 1, log
     assert "Traceback" not in log, log
     assert log.splitlines()[-1] == (

@@ -33,7 +33,14 @@ from aiokafka import AIOKafkaConsumer
 from bridge.changes import CERTAIN, Fingerprinter
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    jetstream_events,
+    kafka_sink,
+    kill9,
+    until,
+    write_config,
+)
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -296,15 +303,7 @@ async def test_kill9_at_random_moments_against_kafka(
     config = write_config(
         tmp_path / "bridge.yaml",
         kubeconfig=kubeconfig,
-        sink={
-            "kind": "kafka",
-            "kafka": {
-                "bootstrapServers": [kafka_broker],
-                "topic": topic,
-                "enableIdempotence": False,  # Tansu rejects the idempotent producer
-                "lingerMs": 1,
-            },
-        },
+        sink=kafka_sink(kafka_broker, topic),
         resources=[{"apiVersion": "v1", "kind": "Pod"}],
         checkpoint=CHECKPOINT(tmp_path),
     )

@@ -5,13 +5,12 @@ of retrying in silence while it publishes nothing.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess
+from tests.e2e.bridge_process import BridgeProcess, run_until_exit
 from tests.e2e.test_bad_selectors import config_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -22,14 +21,7 @@ async def test_a_forbidden_list_at_start_stops_run_with_one_line(
 ) -> None:
     emulator.forbid(resource="pods")  # list and watch (a streaming list is a watch)
     bridge = BridgeProcess(config_with(tmp_path, kubeconfig))
-    await bridge.start()
-    assert bridge.proc is not None
-    try:
-        code = await asyncio.wait_for(bridge.proc.wait(), 30)
-    finally:
-        if bridge.proc.returncode is None:
-            await bridge.stop()
-    log = bridge.log.read_text()
+    code, log = await run_until_exit(bridge)
     assert code == 1, log
     assert "Traceback" not in log, log
     last = log.splitlines()[-1]

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from cloudevents.v1.http import from_json
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, kafka_sink, until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -93,15 +93,7 @@ def config(tmp_path: Path, kubeconfig: Path, kafka_broker: str, topic: str) -> P
     return write_config(
         tmp_path / "bridge.yaml",
         kubeconfig=kubeconfig,
-        sink={
-            "kind": "kafka",
-            "kafka": {
-                "bootstrapServers": [kafka_broker],
-                "topic": topic,
-                "enableIdempotence": False,  # Tansu rejects the idempotent producer
-                "lingerMs": 1,
-            },
-        },
+        sink=kafka_sink(kafka_broker, topic),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, cli, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, kafka_sink, write_config
 from tests.e2e.test_run_kafka import Topic, decoded, pod
 from tests.e2e.test_signals_nats import pods_with_heartbeats
 
@@ -31,15 +31,7 @@ async def test_heartbeats_and_a_snapshot_signal_reach_kafka(
     config = write_config(
         tmp_path / "bridge.yaml",
         kubeconfig=kubeconfig,
-        sink={
-            "kind": "kafka",
-            "kafka": {
-                "bootstrapServers": [kafka_broker],
-                "topic": topic,
-                "enableIdempotence": False,  # Tansu rejects the idempotent producer
-                "lingerMs": 1,
-            },
-        },
+        sink=kafka_sink(kafka_broker, topic),
         resources=pods_with_heartbeats(0.3),
     )
     bridge = BridgeProcess(config)
