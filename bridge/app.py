@@ -51,6 +51,7 @@ from bridge.pipeline import PipelineSettings, ResourcePipeline
 from bridge.settings import ResourceSettings, Settings, resources_for_shard
 from bridge.sinks.base import Sink
 from bridge.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
+from bridge.views import fingerprinter_for
 
 log = get_logger(__name__)
 
@@ -125,6 +126,19 @@ def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo)
         mask_paths=res.mask_paths,
         include_old=res.include_old,
         patch=res.patch,
+        fields=res.fields,
+    )
+
+
+def resource_fingerprinter(res: ResourceSettings) -> Fingerprinter:
+    """What decides a change for one resource (ignoreFields, triggerPaths, fields); replay
+    uses the same, so a replay decides as the live bridge did."""
+    return fingerprinter_for(
+        ignore_fields=res.ignore_fields,
+        trigger=res.trigger_paths,
+        generation_only=res.generation_only,
+        fields=res.fields,
+        label=res.gvk,
     )
 
 
@@ -270,7 +284,7 @@ class BridgeApp:
         self.served, self.heartbeats = [], []
         for r in resolved:
             res, info = r.settings, r.info
-            fingerprinter = Fingerprinter(res.ignore_fields)
+            fingerprinter = resource_fingerprinter(res)
             scopes: list[str | None] = list(res.namespaces) if res.namespaces else [None]
             for ns in scopes:
                 lw = ListWatch(

@@ -30,6 +30,7 @@ import orjson
 
 from bridge.changes import Change, ChangeKind, PathNode, compile_paths, transform_paths
 from bridge.kube.objects import RawObject, meta
+from bridge.views import compile_projection, select
 
 REDACTED = "<redacted>"
 # kubectl apply keeps the whole applied manifest here, Secret values included.
@@ -199,6 +200,7 @@ class EventBuilder:
         mask_paths: list[str] | tuple[str, ...] = (),
         include_old: bool = False,
         patch: bool = False,
+        fields: list[str] | tuple[str, ...] = (),
         clock: Callable[[], datetime] = _now,
     ) -> None:
         self.cluster = cluster
@@ -220,10 +222,16 @@ class EventBuilder:
         # Copies of those values elsewhere in the object (kubectl apply's record of them).
         self._secret_copies = _annotation_trie(LAST_APPLIED) if secret else None
         self._mask = compile_paths(list(mask_paths)) if mask_paths else None
+        # ``fields``: published objects keep only these paths (and their identity).
+        self._fields = compile_projection(fields)
         # Last published object per key, for ``data.patch``; kept only when asked for.
         self._last: dict[str, RawObject] = {}
 
-    def redact(self, obj: RawObject) -> RawObject:
+    def redact(self, obj: RawObject, *, project: bool = True) -> RawObject:
+        # Project first, then redact what is left: redaction paths are absolute, so a
+        # projected Secret value is redacted like an unprojected one, and cheaper.
+        if project and self._fields is not None:
+            obj = select(obj, self._fields)
         if self._secret is not None:
             obj = transform_paths(obj, self._secret, _redact_values)
         if self._secret_copies is not None:
@@ -249,7 +257,8 @@ class EventBuilder:
         rv = resource_version or str(m.get("resourceVersion", ""))
         kind = change.kind.value
         subject, nats_subject = self._subject_of(obj)
-        public = self.redact(obj)
+        # A tombstone is metadata already: it is not projected (its metadata is kept).
+        public = self.redact(obj, project=not change.tombstone)
         if change.tombstone:
             public = {
                 "apiVersion": obj.get("apiVersion") or self.api_version,

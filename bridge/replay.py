@@ -25,8 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from bridge.app import build_checkpoints, build_sink, event_builder, resource_id
-from bridge.changes import Change, ChangeDetector, ChangeKind, Fingerprinter, object_from_digest
+from bridge.app import (
+    build_checkpoints,
+    build_sink,
+    event_builder,
+    resource_fingerprinter,
+    resource_id,
+)
+from bridge.changes import Change, ChangeDetector, ChangeKind, object_from_digest
 from bridge.checkpoints.base import Checkpoint
 from bridge.configured import find_resource, pick_namespace
 from bridge.errors import ConfigError, ExpiredError, status_error
@@ -146,7 +152,7 @@ async def replay(
             field_selector=res.field_selector,
         )
         builder = event_builder(settings, res, info)
-        detector = ChangeDetector(Fingerprinter(res.ignore_fields))
+        detector = ChangeDetector(resource_fingerprinter(res))
         view = _View(Filter(res.filter, label=info.plural) if res.filter else None)
         await sink.start()
         await counter.start()

@@ -26,7 +26,15 @@ from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
@@ -43,6 +51,7 @@ from bridge.kube.selectors import (
     normalize_field_selector,
     normalize_label_selector,
 )
+from bridge.views import check_paths
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"
@@ -94,6 +103,22 @@ class ResourceSettings(_Section):
     ignore_fields: list[str] = Field(
         default_factory=list, description="Dotted paths whose changes alone publish nothing"
     )
+    trigger_paths: list[str] = Field(
+        default_factory=list,
+        description="Dotted paths: a modification is published only when a value at one of "
+        "them changed (adds and deletes always are); [] = any change",
+    )
+    generation_only: bool = Field(
+        default=False,
+        description="Shorthand for triggerPaths: [metadata.generation] (spec changes); objects "
+        "without metadata.generation (ConfigMap, Secret, ...) are compared whole",
+    )
+    fields: list[str] = Field(
+        default_factory=list,
+        description="Dotted paths: events carry only these of the object, always with "
+        "apiVersion, kind and metadata name, namespace, uid, resourceVersion; changes "
+        "elsewhere publish nothing unless triggerPaths say otherwise; [] = the whole object",
+    )
     redact_secrets: bool = Field(
         default=True,
         description="Redact Secret data/stringData values, also in the last-applied-configuration "
@@ -132,6 +157,22 @@ class ResourceSettings(_Section):
                 compile_filter(value)
             except ConfigError as e:
                 raise ValueError(str(e)) from None
+        return value
+
+    @field_validator("trigger_paths", "fields")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        # Parsed here so a bad path is a config error at start, naming the key.
+        return check_paths(value)
+
+    @field_validator("generation_only")
+    @classmethod
+    def _generation_only(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("trigger_paths"):
+            raise ValueError(
+                "cannot be combined with triggerPaths (it means triggerPaths: "
+                "[metadata.generation]); set one of them"
+            )
         return value
 
     @field_validator("label_selector")
