@@ -159,7 +159,7 @@ class ResourceSettings(_Section):
                 raise ValueError(str(e)) from None
         return value
 
-    @field_validator("trigger_paths", "fields")
+    @field_validator("trigger_paths", "fields", "ignore_fields", "mask_paths")
     @classmethod
     def _paths(cls, value: list[str]) -> list[str]:
         # Parsed here so a bad path is a config error at start, naming the key.

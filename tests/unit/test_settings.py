@@ -394,3 +394,17 @@ def test_shards_split_resources_stably_and_completely(tmp_path: Path) -> None:
 def test_single_shard_keeps_everything(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, DESIGN_EXAMPLE), env={})
     assert resources_for_shard(settings) == settings.resources
+
+
+@pytest.mark.parametrize("key", ["ignoreFields", "maskPaths", "triggerPaths", "fields"])
+def test_a_bad_path_is_a_config_error_at_load_naming_the_key(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(
+        "sink: {kind: stdout}\n"
+        f"resources:\n  - {{apiVersion: v1, kind: Pod, {key}: ['status..x']}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(path))
+    assert str(info.value) == (
+        f"config error: resources[0].{key}: ['status..x'] has a bad path 'status..x': empty segment"
+    )
