@@ -218,6 +218,10 @@ class ResourcePipeline:
         """The cached state of ``key``: what its last decision (or the checkpoint) holds."""
         return self._digest_of(key)
 
+    def is_filtered_out(self, key: str) -> bool:
+        """The cached object ``key`` is outside the resource's filter (not published)."""
+        return key in self._out
+
     def is_uncertain(self, key: str) -> bool:
         """A restart left ``key`` uncertain and no news of it has settled it yet."""
         return key in self.outbox.uncertain

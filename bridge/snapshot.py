@@ -82,6 +82,8 @@ class SnapshotTarget(Protocol):
 
     def is_uncertain(self, key: str) -> bool: ...
 
+    def is_filtered_out(self, key: str) -> bool: ...
+
     def announce(self, key: str, uid: str, event: Event) -> int: ...
 
     async def wait_for_room(self) -> None: ...
@@ -99,7 +101,7 @@ class SnapshotResult:
     resources: list[str] = field(default_factory=list)
     listed: int = 0
     announced: int = 0
-    # reason → count: changed, not-cached, uncertain
+    # reason → count: changed, not-cached, uncertain, filtered
     skipped: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -138,6 +140,8 @@ def _why_not(target: SnapshotTarget, key: str, obj: RawObject) -> str | None:
     """Why ``obj`` (as listed) is not announced, or None when the cache holds exactly it."""
     if target.is_uncertain(key):
         return "uncertain"
+    if target.is_filtered_out(key):
+        return "filtered"  # outside the resource's filter: never published, never announced
     cached = target.cached_digest(key)
     if cached is None:
         return "not-cached"

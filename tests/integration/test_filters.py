@@ -14,6 +14,7 @@ import pytest
 
 from bridge.changes import UNCERTAIN, Digest
 from bridge.emulator import Emulator
+from bridge.snapshot import take_snapshot
 from tests.integration.test_delivery import running
 from tests.integration.test_pipeline import Harness, pod, wait_for
 
@@ -139,3 +140,19 @@ async def test_an_uncertain_key_that_no_longer_matches_leaves_with_a_filtered_ev
     assert seen(harness) == [("filtered", "default/maybe")]
     cp = await harness.checkpoints.load(RID)
     assert cp is not None and cp.digests == {}
+
+
+async def test_a_snapshot_announces_only_objects_in_view(
+    harness: Harness, emulator: Emulator
+) -> None:
+    harness.filter = DB
+    emulator.create(pod("db-1", tier="db"))
+    emulator.create(pod("web-1", tier="web"))
+    p = await harness.pipeline()
+    async with running(p):
+        await harness.settled(p)
+        start = len(harness.sink.events)
+        result = await take_snapshot(p, "sig")
+    assert result.announced == 1
+    assert result.skipped == {"filtered": 1}
+    assert seen(harness, start) == [("snapshot", "default/db-1")]
