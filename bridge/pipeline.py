@@ -492,7 +492,8 @@ class ResourcePipeline:
             return
         outbox, build = self.outbox, self._builder.build
         for change in changes:
-            event = build(change, resource_version=resource_version)
+            # Sealed: encoded now, so the parsed object dies here, not at the ack.
+            event = build(change, resource_version=resource_version).sealed()
             uid = str(meta(change.object).get("uid", ""))
             outbox.decide(change.key, uid, event, change.digest)
         self._decided.set()
