@@ -20,7 +20,7 @@ has ``_`` for its namespace token (``_`` is not a valid namespace name).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -72,9 +72,11 @@ class Event:
     time: str
     resource_version: str
     initial: bool
-    data: dict[str, Any]
+    data: Mapping[str, Any]
     nats_subject: str = ""
     msg_id: str = ""
+    # The structured-mode JSON, encoded once when the event was decided (``sealed``).
+    encoded: bytes = b""
 
     @property
     def key(self) -> bytes:
@@ -111,12 +113,25 @@ class Event:
             "datacontenttype": DATACONTENTTYPE,
             "resourceversion": self.resource_version,
             "initial": self.initial,
-            "data": self.data,
+            "data": self.data if isinstance(self.data, dict) else dict(self.data),
         }
 
     def to_json(self) -> bytes:
         """Structured-mode CloudEvents 1.0 JSON."""
-        return orjson.dumps(self.to_dict())
+        return self.encoded or orjson.dumps(self.to_dict())
+
+    def sealed(self) -> Event:
+        """The same event encoded now, its parsed ``data`` let go (decoded again if read).
+
+        A decided event waits for its ack (up to thousands of them); holding the
+        object's parsed tree for that long made every young collection of the
+        cyclic GC walk it. Its bytes are one untracked object, and the tree
+        dies as soon as the handler returns.
+        """
+        if self.encoded:
+            return self
+        encoded = self.to_json()
+        return replace(self, data=_EncodedData(encoded), encoded=encoded)
 
     def truncated(self) -> Event:
         """The same event (same id) with ``data.object`` cut to its identifying
@@ -129,7 +144,34 @@ class Event:
         data: dict[str, Any] = {"object": cut, "truncated": True}
         if self.data.get("tombstone"):
             data["tombstone"] = True
-        return replace(self, data=data)
+        return replace(self, data=data, encoded=b"")
+
+
+class _EncodedData(Mapping[str, Any]):
+    """A sealed event's ``data``: decoded from the event's JSON on first read."""
+
+    __slots__ = ("_decoded", "_encoded")
+
+    def __init__(self, encoded: bytes) -> None:
+        self._encoded = encoded
+        self._decoded: dict[str, Any] | None = None
+
+    def _data(self) -> dict[str, Any]:
+        if self._decoded is None:
+            self._decoded = orjson.loads(self._encoded)["data"]
+        return self._decoded
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())
+
+    def __repr__(self) -> str:
+        return repr(self._data())
 
 
 # What a truncated event keeps of the metadata: identity and the small fields

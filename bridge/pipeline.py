@@ -78,6 +78,11 @@ PoisonPolicy = Literal["truncate", "skip", "fail"]
 class PipelineSettings:
     # How often the checkpoint (watermark + certain digests) is committed.
     flush_interval: float = 1.0
+    # Once everything decided is acknowledged (a list or a burst drained), commit
+    # then rather than at the next tick, so the checkpoint does not trail an idle
+    # bus by up to ``flush_interval``; but not sooner than this after the previous
+    # commit, so a trickle of events does not commit once per event. None: ticks only.
+    drained_commit_after: float | None = 0.1
     # At most this many events per publish; a batch is whatever was decided
     # while the previous one was being written ahead and published.
     max_batch: int = 500
@@ -163,6 +168,8 @@ class ResourcePipeline:
         self._room = asyncio.Event()
         self._room.set()
         self._acked = asyncio.Event()
+        # Set when the bus has acknowledged everything decided: a commit is due early.
+        self._drained = asyncio.Event()
         # When the bus last acknowledged a change (not an announcement), for heartbeats.
         self.last_change_at: float | None = None
         self._to_send: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
@@ -489,7 +496,8 @@ class ResourcePipeline:
             return
         outbox, build = self.outbox, self._builder.build
         for change in changes:
-            event = build(change, resource_version=resource_version)
+            # Sealed: encoded now, so the parsed object dies here, not at the ack.
+            event = build(change, resource_version=resource_version).sealed()
             uid = str(meta(change.object).get("uid", ""))
             outbox.decide(change.key, uid, event, change.digest)
         self._decided.set()
@@ -545,6 +553,8 @@ class ResourcePipeline:
             batch = await self._to_send.get()
             await self._publish(batch)
             self.outbox.acknowledged(batch)
+            if not self.outbox.unacknowledged:
+                self._drained.set()
             if not all(e.announcement for e in batch.entries):
                 self.last_change_at = self._clock()
             self._room.set()
@@ -648,7 +658,7 @@ class ResourcePipeline:
     async def _checkpointer(self) -> None:
         backoff = self._backoff()
         while True:
-            await asyncio.sleep(self.settings.flush_interval)
+            await self._commit_due()
             try:
                 await self._commit_once()
             except CheckpointError as e:
@@ -659,6 +669,22 @@ class ResourcePipeline:
                 continue
             self.checkpoint_healthy = True
             backoff.reset()
+
+    async def _commit_due(self) -> None:
+        """Until the next commit: ``flush_interval`` passed, or the outbox drained."""
+        s = self.settings
+        early = s.drained_commit_after
+        if early is None or early >= s.flush_interval:
+            await asyncio.sleep(s.flush_interval)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.flush_interval
+        await asyncio.sleep(early)
+        if not self._drained.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), max(0.0, deadline - loop.time()))
+        # Cleared before the commit: a drain during it makes the next one due early.
+        self._drained.clear()
 
     async def _commit_once(self) -> None:
         self._observe()
