@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -234,6 +235,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash in native code (an extension, the interpreter) then leaves the Python
+    # stack of every thread on stderr instead of a bare "exit -11".
+    faulthandler.enable()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cel
-
 from bridge.errors import ConfigError
 from bridge.kube.objects import RawObject
 from bridge.logging import get_logger
@@ -176,6 +174,9 @@ def compile_filter(expression: str) -> Any:
     """The compiled program, or ConfigError with the position and reason on one line."""
     if not expression.strip():
         raise ConfigError("the filter expression is empty")
+    # Imported here: a native extension that a bridge without filters never loads.
+    import cel
+
     try:
         program = cel.compile(expression)
     except Exception as e:
