@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
+import io
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -237,7 +239,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: list[str] | None = None) -> int:
     # A crash in native code (an extension, the interpreter) then leaves the Python
     # stack of every thread on stderr instead of a bare "exit -11".
-    faulthandler.enable()
+    # (Not when stderr is no file, as when a caller captured it.)
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.enable()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
