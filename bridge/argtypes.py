@@ -7,14 +7,29 @@ import math
 import typing
 
 
-def positive_float(raw: str) -> float:
-    """A finite number above 0 (a rate: 0 would mean "never", and divides by zero)."""
+def _finite(raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {raw!r}")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    """A finite number above 0 (a rate: 0 would mean "never", and divides by zero)."""
+    value = _finite(raw)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {raw!r}")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    """A finite number ≥ 0 (a duration where 0 means "no limit")."""
+    value = _finite(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {raw!r}")
     return value
 
 
@@ -25,17 +40,6 @@ def non_negative_int(raw: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {raw!r}")
-    return value
-
-
-def non_negative_float(raw: str) -> float:
-    """A finite number ≥ 0 (a duration where 0 means "no limit")."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {raw!r}")
     return value
 
