@@ -567,7 +567,7 @@ class ListBody:
             return
         self._ahead = ahead = _ReadAhead(self._chunks, self._deadline)
         try:
-            while (chunk := await ahead.next()) is not None:
-                yield chunk
+            while (held := await ahead.next()) is not None:
+                yield held
         finally:
             await ahead.aclose()

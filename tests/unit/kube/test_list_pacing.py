@@ -48,7 +48,9 @@ def pod(i: int) -> RawObject:
 def body_chunks(n: int) -> list[bytes]:
     """A compact LIST body, as the API server writes it, cut into chunks of a few items."""
     items = [orjson.dumps(pod(i)) for i in range(n)]
-    chunks = [b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9999"},"items":[']
+    chunks = [
+        b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9999"},"items":['
+    ]
     for start in range(0, n, PER_CHUNK):
         part = b",".join(items[start : start + PER_CHUNK])
         chunks.append(part if start + PER_CHUNK >= n else part + b",")
@@ -147,7 +149,7 @@ def assert_one_replace(consumer: SlowConsumer) -> None:
 async def test_a_list_waits_for_a_slow_consumer_instead_of_queueing_decoded_items(
     cls: type[FIFO],
 ) -> None:
-    consumer, lister = await run_list(cls, pace=60.0)
+    consumer, _ = await run_list(cls, pace=60.0)
     assert_one_replace(consumer)
     # The FIFO's bound holds for a LIST as for a watch: not N items, and the body
     # is read only a few chunks ahead of the consumer (the rest stays unread): the
@@ -182,18 +184,20 @@ async def test_list_body_reads_one_chunk_ahead_until_the_deadline_then_all() -> 
     loop = asyncio.get_running_loop()
     body = ListBody(source(), kind="Pod", api_version="v1", what="GET pods")
     body.pace_until(loop.time() + 0.1)
-    batches = aiter(body)
-    first = await anext(batches)
-    assert first
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert read <= 3  # the envelope, the first items' chunk and one ahead
-    assert not body.draining
-    await asyncio.sleep(0.15)
-    assert body.draining and read == len(chunks)
-    items = list(first)
-    async for batch in batches:
-        items.extend(batch)
-    assert [o["metadata"]["name"] for o in items] == [f"p{i}" for i in range(200)]
-    assert body.metadata == {"resourceVersion": "9999"}
-    await body.aclose()
+    try:
+        batches = aiter(body)
+        first = await anext(batches)
+        assert first
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert read <= 3  # the envelope, the first items' chunk and one ahead
+        assert not body.draining
+        await asyncio.sleep(0.15)
+        assert body.draining and read == len(chunks)
+        items = list(first)
+        async for batch in batches:
+            items.extend(batch)
+        assert [o["metadata"]["name"] for o in items] == [f"p{i}" for i in range(200)]
+        assert body.metadata == {"resourceVersion": "9999"}
+    finally:
+        await body.aclose()
