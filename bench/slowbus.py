@@ -57,7 +57,7 @@ class DelayedAckSink:
         pass
 
 
-def _child(kubeconfig: str, mode: str, n: int, delay: float) -> None:
+def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None) -> None:
     import gc
     import logging
 
@@ -85,7 +85,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float) -> None:
             store = SqliteCheckpointStore(Path(tmp) / "checkpoints.db")
             await store.open()
             settings = PipelineSettings(
-                reflector=ReflectorSettings(watch_list="off" if mode == "list" else "on")
+                reflector=ReflectorSettings(
+                    watch_list="off" if mode == "list" else "on",
+                    **({} if pace is None else {"list_pace_seconds": pace}),
+                )
             )
             pipeline = ResourcePipeline(
                 resource_id="v1/pods",
@@ -129,8 +132,11 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float) -> None:
     print(json.dumps(result), flush=True)
 
 
-def _measure(kubeconfig: str, mode: str, n: int, delay: float) -> dict[str, Any]:
+def _measure(
+    kubeconfig: str, mode: str, n: int, delay: float, pace: float | None
+) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.slowbus", "--child", kubeconfig, mode, str(n), str(delay)]
+    cmd.append("" if pace is None else str(pace))
     out = subprocess.run(
         cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
     )
@@ -147,11 +153,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--modes", nargs="+", choices=sorted(MODE_NAMES), default=["list", "stream"])
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--no-write", action="store_true")
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--list-pace",
+        type=float,
+        help="seconds a LIST waits for room in the FIFO before reading the rest ahead as"
+        " bytes (0: read ahead at once); default: the setting's default",
+    )
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        kubeconfig, mode, n, delay = args.child
-        _child(kubeconfig, mode, int(n), float(delay))
+        kubeconfig, mode, n, delay, pace = args.child
+        _child(kubeconfig, mode, int(n), float(delay), float(pace) if pace else None)
         return 0
 
     ctx = multiprocessing.get_context("spawn")
@@ -170,7 +182,7 @@ def main(argv: list[str]) -> int:
                 for bus, delay in (("normal", 0.0), ("slow", args.delay)):
                     best: dict[str, Any] | None = None
                     for _ in range(args.rounds):
-                        r = _measure(kubeconfig, mode, args.objects, delay)
+                        r = _measure(kubeconfig, mode, args.objects, delay, args.list_pace)
                         if best is None or r["peak_kb"] < best["peak_kb"]:
                             best = r
                     assert best is not None

@@ -268,7 +268,9 @@ class BridgeApp:
     ) -> list[ResourcePipeline]:
         s = self.settings
         reflector = ReflectorSettings(
-            page_size=s.informer.page_size, watch_list=s.informer.watch_list
+            page_size=s.informer.page_size,
+            watch_list=s.informer.watch_list,
+            list_pace_seconds=s.informer.list_pace_seconds,
         )
         pipeline_settings = PipelineSettings(
             flush_interval=s.checkpoint.flush_interval,

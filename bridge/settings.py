@@ -331,6 +331,14 @@ class InformerSettings(_Section):
     watch_list: Literal["auto", "on", "off"] = "auto"
     resync_period: float | None = Field(default=None, gt=0)
     max_queued: int = Field(default=1000, gt=0)
+    list_pace_seconds: float | None = Field(
+        default=30.0,
+        ge=0,
+        description="A LIST body is read only as fast as the FIFO has room, for this many"
+        " seconds after the request (memory stays flat); then the rest is read at once and"
+        " held as bytes, within the API server's request timeout (60 s by default)."
+        " null: never pace",
+    )
     unhealthy_after: float = Field(
         default=60.0,
         gt=0,

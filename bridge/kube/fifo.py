@@ -18,14 +18,13 @@ full: a slow consumer slows the watch instead of growing memory. ``replace``
 and ``resync`` never wait, because a relist must land as one piece.
 
 ``begin_replace`` is ``replace`` fed item by item as a large list arrives, so
-the consumer can take items while later ones are still being read, and memory
-does not grow with the size of the list. It never waits for room either: a
-LIST the server must serve within its request timeout cannot be paced by a
-slow sink. It only yields to the consumer every so often, which keeps the
-queue short whenever the consumer keeps up. A streaming list (a watch, paced
-by nothing but the connection) is the exception: ``begin_replace(paced=True)``
-waits for room like ``add``, so a slow sink pauses the stream and a 100k-object
-initial state never piles up in the queue. Vanished keys are known only
+the consumer can take items while later ones are still being read.
+``begin_replace(paced=True)`` waits for room like ``add``, so a slow consumer
+pauses the list (a streaming list's watch, or a LIST's body, which the
+reflector reads ahead as bytes past a deadline so the server's request
+timeout cannot cut it) and a 100k-object list never piles up in the queue
+as decoded items. Unpaced, it only yields to the consumer every so often,
+which keeps the queue short only while the consumer keeps up. Vanished keys are known only
 after the last item, so the tombstones are queued then: after the items even
 in ``RealFIFO``, whose all-at-once ``replace`` puts them first as client-go
 does. Per key nothing changes (a tombstone's key is never among the items).

@@ -20,12 +20,21 @@ item far larger than the others) goes to an exact, resumable scanner.
 
 ``ListBody`` wraps the splitter around a stream of body chunks for the
 reflector: batches of items as they arrive, then the list's ``metadata``,
-which the server may send before or after ``items``.
+which the server may send before or after ``items``. It reads the body only
+as fast as its batches are taken, so a consumer that waits for room in a
+bounded queue leaves the rest of the body to TCP flow control (the kernel and
+the server hold it, not this process). The API server cuts a request it has
+not finished within its timeout (60 s by default), though, so after
+``pace_until``'s deadline the rest of the body is read at once and held as
+raw bytes (about a fifth of the decoded items' size) until it is taken.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -417,12 +426,76 @@ class ListSplitter:
 _PIECE = 16 * 1024
 
 
+class _ReadAhead:
+    """Body chunks pulled by a task of their own: one ahead until the deadline, all after it.
+
+    One task owns the body's iterator, so the deadline can switch it to reading
+    everything while the consumer is suspended elsewhere (waiting for room in
+    the FIFO), which a timer could not do to an iterator the consumer drives.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], deadline: float) -> None:
+        self._chunks = chunks
+        self._held: deque[bytes] = deque()
+        self._arrived = asyncio.Event()
+        self._taken = asyncio.Event()
+        self._ended = False
+        self._error: BaseException | None = None
+        self.draining = False
+        self.held_bytes = 0
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(deadline, self._drain)
+        self._task = loop.create_task(self._read(), name="list body read-ahead")
+
+    def _drain(self) -> None:
+        self.draining = True
+        self._taken.set()
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self._chunks:
+                self._held.append(chunk)
+                self.held_bytes += len(chunk)
+                self._arrived.set()
+                while self._held and not self.draining:
+                    self._taken.clear()
+                    await self._taken.wait()
+        except Exception as e:  # handed to the consumer, which raises it in its own task
+            self._error = e
+        finally:
+            self._ended = True
+            self._arrived.set()
+
+    async def next(self) -> bytes | None:
+        """The next chunk, None at the end of the body."""
+        while not self._held:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        chunk = self._held.popleft()
+        self.held_bytes -= len(chunk)
+        self._taken.set()
+        return chunk
+
+    async def aclose(self) -> None:
+        self._timer.cancel()
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
 class ListBody:
     """One LIST answer read as it arrives: batches of items, then the list's ``metadata``.
 
     Items lack kind/apiVersion on the wire (as the API server sends them);
     they are filled in so downstream code can name the object. Body errors
     become ``KubeConnectionError``, like any answer that is not the JSON asked for.
+    The body is read as the batches are taken; ``pace_until`` bounds how long
+    (see the module doc). ``aclose`` before the body's stream is closed.
     """
 
     def __init__(
@@ -433,6 +506,24 @@ class ListBody:
         self._api_version = api_version
         self._what = what
         self._metadata: dict[str, Any] | None = None
+        self._deadline: float | None = None
+        self._ahead: _ReadAhead | None = None
+
+    def pace_until(self, deadline: float) -> None:
+        """From loop time ``deadline`` on, read the rest of the body at once and hold it as bytes.
+
+        Until then the body is read only as its batches are taken. Call before iterating.
+        """
+        self._deadline = deadline
+
+    @property
+    def draining(self) -> bool:
+        """The deadline passed before the body was read: the rest is being read at once."""
+        return self._ahead is not None and self._ahead.draining
+
+    async def aclose(self) -> None:
+        if self._ahead is not None:
+            await self._ahead.aclose()
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -455,7 +546,7 @@ class ListBody:
     async def _batches(self) -> AsyncIterator[list[RawObject]]:
         splitter = ListSplitter()
         try:
-            async for chunk in self._chunks:
+            async for chunk in self._source():
                 view = memoryview(chunk)
                 for i in range(0, len(view), _PIECE):
                     items = splitter.feed(view[i : i + _PIECE])
@@ -468,3 +559,15 @@ class ListBody:
             yield self._fill(items)
         meta = splitter.envelope.get("metadata")
         self._metadata = meta if isinstance(meta, dict) else {}
+
+    async def _source(self) -> AsyncIterator[bytes]:
+        if self._deadline is None:
+            async for chunk in self._chunks:
+                yield chunk
+            return
+        self._ahead = ahead = _ReadAhead(self._chunks, self._deadline)
+        try:
+            while (held := await ahead.next()) is not None:
+                yield held
+        finally:
+            await ahead.aclose()

@@ -79,12 +79,17 @@ class ListWatch:
     async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
         params = self._list_params(options)
         async with self.client.stream_body("GET", self.path, params) as chunks:
-            yield ListBody(
+            body = ListBody(
                 chunks,
                 kind=self.resource.kind,
                 api_version=self.resource.api_version,
                 what=f"GET {self.path}",
             )
+            try:
+                yield body
+            finally:
+                # Its read-ahead task must let go of the body before the stream closes.
+                await body.aclose()
 
     def watch(
         self, options: WatchOptions

@@ -46,6 +46,12 @@ class ListStream(Protocol):
         """The list's metadata (resourceVersion, continue); complete once iteration ended."""
         ...
 
+    def pace_until(self, deadline: float) -> None:
+        """Read the body only as fast as its batches are taken until loop time ``deadline``,
+        then the rest at once (held undecoded), so the server's request timeout never
+        cuts a read paced by a slow consumer. Without it the body is read as taken."""
+        ...
+
 
 class ListerWatcher(Protocol):
     """client-go's ListerWatcher for one resource in one scope (cluster or namespace)."""
@@ -108,8 +114,8 @@ class ReflectorStore(Protocol):
 
     def begin_replace(self, paced: bool = False) -> Replacement:
         """The same as ``replace``, fed item by item; one at a time. ``paced``: each
-        item may wait for the consumer (a streaming list; never a LIST, which the
-        server must be able to finish within its request timeout)."""
+        item may wait for the consumer (a streaming list, or a LIST whose body is
+        read ahead after a deadline: ``ListStream.pace_until``)."""
         ...
 
     async def resync(self) -> None: ...

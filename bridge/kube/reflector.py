@@ -99,6 +99,14 @@ class ReflectorSettings:
     consistent_first_list: bool = False
     # A failing list/watch logs a warning at its first failure, then at most this often.
     warn_every: float = 30.0
+    # A LIST's items wait for room in the FIFO, like a streaming list's, so the
+    # body is read only as fast as the informer takes them and memory does not
+    # grow with the list (the rest waits in TCP buffers and on the server). The
+    # API server cuts a request it has not finished within its timeout (60 s by
+    # default), so this long after a LIST (one page) was sent the rest of its
+    # body is read at once and held as bytes until taken. None: never pace (the
+    # list is decoded into the FIFO as fast as it arrives).
+    list_pace_seconds: float | None = 30.0
 
 
 class VeryShortWatchError(KubeError):
@@ -394,6 +402,10 @@ class Reflector:
         self._fed = 0
         return self._store.begin_replace(paced)
 
+    def _begin_list_replace(self) -> Replacement:
+        # Paced only where the body's read can be bounded by the server's timeout.
+        return self._begin_replace(paced=self.settings.list_pace_seconds is not None)
+
     def _commit(self, replacement: Replacement, resource_version: str) -> None:
         replacement.commit(resource_version)
         self._last_sync_rv = resource_version
@@ -409,7 +421,7 @@ class Reflector:
         """client-go's pager, its pages fed to one replacement as they arrive; 410 on
         page >= 2 → one full list. The replacement is left open for ``_list`` to commit."""
         options = ListOptions(resource_version=rv, limit=limit)
-        replacement = self._begin_replace()
+        replacement = self._begin_list_replace()
         list_rv: str | None = None
         pages = 0
         try:
@@ -423,7 +435,7 @@ class Reflector:
                     # list. What the pages fed stays (each a real state); the new replacement
                     # decides what vanished.
                     self._abandon(replacement)
-                    replacement = self._begin_replace()
+                    replacement = self._begin_list_replace()
                     meta = await self._list_page(ListOptions(resource_version=rv), replacement)
                     return _Listed(
                         replacement, str(meta.get("resourceVersion", "")), True, self._fed
@@ -443,7 +455,12 @@ class Reflector:
     async def _list_page(self, options: ListOptions, replacement: Replacement) -> dict[str, Any]:
         """One LIST request, its items handed to ``replacement`` as they are decoded."""
         add = replacement.add
+        pace = self.settings.list_pace_seconds
+        # The server's request timeout runs from the request, not from the first byte.
+        deadline = None if pace is None else _loop_time() + pace
         async with self._lw.list_stream(options) as page:
+            if deadline is not None:
+                page.pace_until(deadline)
             async for batch in page:
                 self._fed += len(batch)
                 for obj in batch:

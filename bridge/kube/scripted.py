@@ -143,12 +143,17 @@ class _ScriptedListStream:
     def __init__(self, answer: ListResponse | BrokenList) -> None:
         self._answer = answer
         self._done = False
+        self.deadline: float | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
         assert self._done, "metadata read before the items"
         assert not isinstance(self._answer, BrokenList)
         return dict(self._answer.get("metadata") or {})
+
+    def pace_until(self, deadline: float) -> None:
+        """Nothing to read ahead: the scripted answer is in memory already."""
+        self.deadline = deadline
 
     def __aiter__(self) -> AsyncIterator[list[RawObject]]:
         return self._batches()
