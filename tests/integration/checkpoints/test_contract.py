@@ -123,3 +123,30 @@ async def test_resources_are_separate(make: Factory) -> None:
     deployments = await store.load("apps/v1/deployments@ns")
     assert pods is not None and deployments is not None
     assert pods.digests["a"].uid == "u" and deployments.digests["a"].uid == "v"
+
+
+async def test_keys_and_values_come_back_byte_for_byte(make: Factory) -> None:
+    """Rows may travel as JSON text (SQLite): quotes, backslashes, non-ASCII and
+    number-like strings must come back as the same strings."""
+    odd = ['ns/a"b', "ns/back\\slash", "ns/ünïcödé-名前", "ns/1e3", "ns/ lead", "cluster-scoped"]
+    rows = [
+        Digest(k, f"uid-{i}", "007", '{"x": 1}', UNCERTAIN, prior="") for i, k in enumerate(odd)
+    ]
+    store = make()
+    await store.open()
+    await store.commit("r", None, rows, [])
+    await store.commit("r", "9", [], [odd[0]])
+    store = await reopen(make, store)
+    cp = await store.load("r")
+    assert cp is not None and cp.resource_version == "9"
+    assert cp.digests == {d.key: d for d in rows[1:]}
+
+
+async def test_the_last_row_of_a_key_in_one_commit_wins(make: Factory) -> None:
+    store = make()
+    await store.open()
+    await store.commit(
+        "r", None, [Digest("a", "ua", "3", "f", UNCERTAIN), Digest("a", "ua", "4", "g")], []
+    )
+    cp = await store.load("r")
+    assert cp is not None and cp.digests == {"a": Digest("a", "ua", "4", "g")}
