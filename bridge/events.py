@@ -20,6 +20,7 @@ has ``_`` for its namespace token (``_`` is not a valid namespace name).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -58,7 +59,29 @@ def rfc3339(at: datetime) -> str:
     return at.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True, slots=True)
+class _UtcStamp:
+    """``rfc3339(_now())`` at a fifth of its cost: the text up to the second is
+    formatted once per second (the event time is stamped on every change)."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
+
+
+# Not frozen (treat it as immutable, ``replace`` makes variants): a frozen
+# dataclass's __init__ sets each field through object.__setattr__, 2.3 µs for
+# these eleven against 0.3 µs, paid once per published change.
+@dataclass(slots=True)
 class Event:
     """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``).
 
@@ -254,6 +277,11 @@ class EventBuilder:
         self.include_old = include_old
         self.patch = patch
         self._clock = clock
+        self._stamp: Callable[[], str] = (
+            _UtcStamp() if clock is _now else (lambda: rfc3339(clock()))
+        )
+        # Namespaces repeat across events: their escaped tokens are kept (bounded).
+        self._namespace_tokens: dict[str, str] = {}
         self._type_prefix = f"io.k8s.{group or 'core'}.{version}.{kind}."
         self.source = f"k8s://{cluster}/{self.api_version}/{plural}"
         tokens = (cluster, group or "core", version, plural)
@@ -287,17 +315,26 @@ class EventBuilder:
         name = str(m.get("name", ""))
         namespace = str(m.get("namespace") or "")
         subject = f"{namespace}/{name}" if namespace else name
+        tokens = self._namespace_tokens
         # nats_token("") is "_": the namespace token of a cluster-scoped object.
-        return subject, self._subject_prefix + nats_token(namespace) + "." + nats_token(name)
+        ns_token = tokens.get(namespace)
+        if ns_token is None:
+            if len(tokens) >= _MAX_NAMESPACE_TOKENS:
+                tokens.clear()
+            ns_token = tokens[namespace] = nats_token(namespace)
+        return subject, self._subject_prefix + ns_token + "." + nats_token(name)
 
-    def build(self, change: Change, *, resource_version: str | None = None) -> Event:
+    def build(
+        self, change: Change, *, resource_version: str | None = None, sealed: bool = False
+    ) -> Event:
         """The event of ``change``. ``resource_version`` overrides the object's for
-        the id: a republished uncertain event keeps the id it was written ahead with."""
+        the id: a republished uncertain event keeps the id it was written ahead with.
+        ``sealed``: the event comes encoded (``Event.sealed``), in one pass."""
         obj = change.object
         m = meta(obj)
         uid = str(m.get("uid", ""))
         rv = resource_version or str(m.get("resourceVersion", ""))
-        kind = change.kind.value
+        kind = change.kind
         subject, nats_subject = self._subject_of(obj)
         # A tombstone is metadata already: it is not projected (its metadata is kept).
         public = self.redact(obj, project=not change.tombstone)
@@ -313,29 +350,64 @@ class EventBuilder:
         if self.include_old and change.old is not None:
             data["old"] = self.redact(change.old)
         if self.patch:
-            if change.kind in (ChangeKind.DELETED, ChangeKind.FILTERED):
+            if kind is ChangeKind.DELETED or kind is ChangeKind.FILTERED:
                 self._last.pop(change.key, None)
             else:
                 before = self._last.get(change.key)
                 if before is None and change.old is not None:
                     before = self.redact(change.old)
-                if before is not None and change.kind is ChangeKind.MODIFIED:
+                if before is not None and kind is ChangeKind.MODIFIED:
                     data["patch"] = jsonpatch.make_patch(before, public).patch
                 self._last[change.key] = public
-        if change.kind is ChangeKind.DELETED:
+        if kind is ChangeKind.DELETED:
             event_id = f"{uid}:deleted"
-        elif change.kind is ChangeKind.FILTERED:
+        elif kind is ChangeKind.FILTERED:
             event_id = f"{uid}:filtered:{rv}"
         else:
             event_id = f"{uid}:{rv}"
-        return Event(
-            id=event_id,
-            type=self._type_prefix + kind,
-            source=self.source,
-            subject=subject,
-            time=rfc3339(self._clock()),
-            resource_version=rv,
-            initial=change.initial,
-            data=data,
-            nats_subject=nats_subject,
+        event_type = self._type_prefix + kind.value
+        stamp = self._stamp()
+        if not sealed:
+            return Event(
+                event_id,
+                event_type,
+                self.source,
+                subject,
+                stamp,
+                rv,
+                change.initial,
+                data,
+                nats_subject,
+            )
+        # The same dict as Event.to_dict, built once: the parsed object is let go here.
+        encoded = orjson.dumps(
+            {
+                "specversion": SPECVERSION,
+                "id": event_id,
+                "type": event_type,
+                "source": self.source,
+                "subject": subject,
+                "time": stamp,
+                "datacontenttype": DATACONTENTTYPE,
+                "resourceversion": rv,
+                "initial": change.initial,
+                "data": data,
+            }
         )
+        return Event(
+            event_id,
+            event_type,
+            self.source,
+            subject,
+            stamp,
+            rv,
+            change.initial,
+            _EncodedData(encoded),
+            nats_subject,
+            "",
+            encoded,
+        )
+
+
+# Bounds the namespace-token cache: far above any cluster's namespace count.
+_MAX_NAMESPACE_TOKENS = 10_000

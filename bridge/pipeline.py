@@ -497,7 +497,7 @@ class ResourcePipeline:
         outbox, build = self.outbox, self._builder.build
         for change in changes:
             # Sealed: encoded now, so the parsed object dies here, not at the ack.
-            event = build(change, resource_version=resource_version).sealed()
+            event = build(change, resource_version=resource_version, sealed=True)
             uid = str(meta(change.object).get("uid", ""))
             outbox.decide(change.key, uid, event, change.digest)
         self._decided.set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
@@ -308,3 +308,37 @@ def test_change_objects_are_not_mutated_by_building() -> None:
     c = Change(ChangeKind.ADDED, obj, "prod/db")
     builder(kind="Secret", plural="secrets", mask_paths=["metadata.name"]).build(c)
     assert obj == secret()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Change(ChangeKind.ADDED, pod(), "ns1/web", initial=True),
+        lambda: Change(ChangeKind.MODIFIED, pod(rv="8"), "ns1/web", old=pod()),
+        lambda: Change(ChangeKind.DELETED, pod(), "ns1/web", tombstone=True),
+        lambda: Change(ChangeKind.FILTERED, pod(rv="9"), "ns1/web"),
+        lambda: Change(ChangeKind.MODIFIED, secret(), "prod/db"),
+    ],
+)
+def test_a_sealed_build_is_byte_for_byte_the_built_event_encoded(make: Any) -> None:
+    """The pipeline builds events sealed, in one pass; consumers must not see a difference."""
+    for kw in ({}, {"include_old": True, "patch": True}, {"kind": "Secret", "plural": "secrets"}):
+        plain, sealed = builder(**kw), builder(**kw)
+        want = plain.build(make()).to_json()
+        assert sealed.build(make(), sealed=True).encoded == want
+        assert (
+            plain.build(make(), resource_version="5").to_json()
+            == sealed.build(make(), resource_version="5", sealed=True).to_json()
+        )
+
+
+def test_the_default_clock_stamps_rfc3339_utc_microseconds_now() -> None:
+    b = EventBuilder(cluster="dev", group="", version="v1", kind="Pod", plural="pods")
+    before = datetime.now(UTC)
+    stamps = [b.build(Change(ChangeKind.ADDED, pod(), "ns1/web")).time for _ in range(3)]
+    after = datetime.now(UTC)
+    for stamp in stamps:
+        assert len(stamp) == len("2024-05-01T12:00:00.000000Z") and stamp.endswith("Z")
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        assert before - timedelta(milliseconds=1) <= at <= after + timedelta(milliseconds=1)
+    assert stamps == sorted(stamps)
