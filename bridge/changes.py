@@ -182,7 +182,9 @@ UNCERTAIN = "u"  # an event for this state may have reached the bus; not acknowl
 DELETING = "d"  # a delete of this uid may have reached the bus; not acknowledged
 
 
-@dataclass(frozen=True, slots=True)
+# Digest and Change are made for every event: not frozen (a frozen dataclass's
+# __init__ costs ~0.2 µs per field more); nothing mutates or hashes them.
+@dataclass(slots=True)
 class Digest:
     """What the bridge remembers of an object: its identity, version and fingerprint.
 
@@ -209,7 +211,7 @@ class ChangeKind(StrEnum):
     FILTERED = "filtered"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Change:
     """One change to publish.
 

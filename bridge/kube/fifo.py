@@ -65,7 +65,7 @@ class DeltaType(StrEnum):
     Sync = "Sync"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per queued item: not frozen, for a cheaper __init__
 class Delta:
     type: DeltaType
     object: CachedObject | DeletedFinalStateUnknown
