@@ -56,6 +56,14 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.filter_errors = Counter(
+            "filter_errors",
+            "Filter evaluations that failed (a missing field, a non-bool result);"
+            " each counts as no match",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
         self.publish_latency = Histogram(
             "publish_latency_seconds",
             "Time from handing an event to the sink until its ack",

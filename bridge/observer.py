@@ -40,6 +40,7 @@ class PipelineObserver:
         self._published: dict[str, Counter[str]] = {}
         self._poison: dict[str, Counter[str]] = {}
         self._suppressed: dict[str, Counter[str]] = {}
+        self._filter_errors: dict[str, int] = {}
         self._synced: set[str] = set()
         self._started = clock()
         self._last_progress = clock()
@@ -66,6 +67,12 @@ class PipelineObserver:
                 self._suppressed,
                 self.metrics.changes_suppressed,
             )
+            errors = p.filter_errors
+            if errors > self._filter_errors.get(p.label, 0):
+                self.metrics.filter_errors.labels(resource=p.label).inc(
+                    errors - self._filter_errors.get(p.label, 0)
+                )
+                self._filter_errors[p.label] = errors
             self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
 
     @staticmethod

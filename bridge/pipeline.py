@@ -205,6 +205,11 @@ class ResourcePipeline:
     def unacknowledged(self) -> int:
         return self.outbox.unacknowledged
 
+    @property
+    def filter_errors(self) -> int:
+        """Filter evaluations that failed (each counted as "no match") since start."""
+        return self._filter.errors if self._filter is not None else 0
+
     def seconds_since_last_change(self) -> float | None:
         at = self.last_change_at
         return None if at is None else max(0.0, self._clock() - at)

@@ -61,3 +61,32 @@ async def test_restarts_relists_and_cache_size_reach_prometheus(
         assert sample(registry, "k8s_bridge_relists_total", resource=p.label, reason=reason) == n
     assert sample(registry, "k8s_bridge_cache_objects", resource=p.label) == 4
     assert sample(registry, "k8s_bridge_checkpoint_lag_seconds", resource=p.label) >= 0
+
+
+async def test_filter_evaluation_errors_reach_prometheus(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """A filter that cannot be evaluated on an object counts as no match, and the
+    count is exported, so a wrong expression shows on a dashboard, not only in logs."""
+    harness.filter = "object.status.phase == 'Running'"  # pods without status: an error
+    bare = pod("no-status")
+    del bare["status"]
+    emulator.create(bare)
+    running = pod("running")
+    running["status"] = {"phase": "Running"}
+    emulator.create(running)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    async with harness.running() as p:
+        observer = PipelineObserver([p], metrics, progress_every=0)
+        await harness.settled(p)
+        observer.sync_metrics()
+        assert sample(registry, "k8s_bridge_filter_errors_total", resource=p.label) == 1
+        bare = pod("no-status-2")
+        del bare["status"]
+        emulator.create(bare)
+        await wait_for(lambda: p.filter_errors == 2)
+        observer.sync_metrics()
+        observer.sync_metrics()  # carried over once
+        assert sample(registry, "k8s_bridge_filter_errors_total", resource=p.label) == 2
+    assert harness.kinds() == [("added", "default/running")]
