@@ -153,7 +153,7 @@ class Event:
         """
         if self.encoded:
             return self
-        encoded = self.to_json()
+        encoded = _held(self.to_json())
         return replace(self, data=_EncodedData(encoded), encoded=encoded)
 
     def truncated(self) -> Event:
@@ -168,6 +168,16 @@ class Event:
         if self.data.get("tombstone"):
             data["tombstone"] = True
         return replace(self, data=data, encoded=b"")
+
+
+def _held(encoded: bytes) -> bytes:
+    """``encoded`` in a bytes object of its own size, for one that waits for its ack.
+
+    orjson hands back its output buffer as is: a 2.8 KB event occupies ~8 KB
+    (measured with tracemalloc), and up to ``max_pending`` of them wait at once.
+    The copy costs ~0.35 µs.
+    """
+    return memoryview(encoded).tobytes()
 
 
 class _EncodedData(Mapping[str, Any]):
@@ -380,19 +390,21 @@ class EventBuilder:
                 nats_subject,
             )
         # The same dict as Event.to_dict, built once: the parsed object is let go here.
-        encoded = orjson.dumps(
-            {
-                "specversion": SPECVERSION,
-                "id": event_id,
-                "type": event_type,
-                "source": self.source,
-                "subject": subject,
-                "time": stamp,
-                "datacontenttype": DATACONTENTTYPE,
-                "resourceversion": rv,
-                "initial": change.initial,
-                "data": data,
-            }
+        encoded = _held(
+            orjson.dumps(
+                {
+                    "specversion": SPECVERSION,
+                    "id": event_id,
+                    "type": event_type,
+                    "source": self.source,
+                    "subject": subject,
+                    "time": stamp,
+                    "datacontenttype": DATACONTENTTYPE,
+                    "resourceversion": rv,
+                    "initial": change.initial,
+                    "data": data,
+                }
+            )
         )
         return Event(
             event_id,

@@ -342,3 +342,24 @@ def test_the_default_clock_stamps_rfc3339_utc_microseconds_now() -> None:
         at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
         assert before - timedelta(milliseconds=1) <= at <= after + timedelta(milliseconds=1)
     assert stamps == sorted(stamps)
+
+
+def test_a_sealed_event_holds_about_its_own_size() -> None:
+    """Up to max_pending sealed events wait for their acks: each must not keep the
+    encoder's larger output buffer (it was ~3x the event's length)."""
+    import tracemalloc
+
+    b = builder()
+    objects = [pod(f"p{i}", annotation="x" * 2800) for i in range(200)]
+    changes = [Change(ChangeKind.MODIFIED, o, "ns1/p") for o in objects]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        events = [b.build(c, sealed=True) for c in changes]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    size = sum(len(e.encoded) for e in events)
+    assert held < 1.5 * size, (
+        f"{held / len(events):.0f} B held per {size / len(events):.0f} B event"
+    )
