@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -222,9 +222,28 @@ class _FIFOBase:
     def _queue_replaced(self, obj: RawObject) -> None:
         raise NotImplementedError
 
-    def _finish_replace(self, keys: set[str]) -> None:
-        """Tombstones for what the replace did not list, then the synced latch."""
+    def _finish_replace(self, keys: set[str] | None) -> None:
+        """Tombstones for what the replace did not list, then the synced latch.
+        ``keys`` None: nothing was queued or known when the replace began, so
+        nothing can have vanished."""
         raise NotImplementedError
+
+    def _present_keys(self) -> set[str]:
+        """Every key queued or known."""
+        keys = set(self._queued_keys())
+        if self._known_objects is not None:
+            keys.update(self._known_objects.list_keys())
+        return keys
+
+    def _queued_keys(self) -> Iterable[str]:
+        raise NotImplementedError
+
+    def _may_vanish(self) -> bool:
+        """Whether a replace beginning now could leave keys out: something is queued or known."""
+        if len(self):
+            return True
+        known = self._known_objects
+        return known is not None and bool(known.list_keys())
 
     def _processed(self) -> None:
         self._in_process -= 1
@@ -247,11 +266,16 @@ class _FIFOBase:
 class Replacement:
     """One streamed replace of a FIFO (``bridge.kube.protocols.Replacement``)."""
 
-    __slots__ = ("_count", "_fifo", "_keys", "_open", "_paced")
+    __slots__ = ("_count", "_fifo", "_gone", "_keys", "_open", "_paced")
 
     def __init__(self, fifo: _FIFOBase, paced: bool = False) -> None:
         self._fifo = fifo
-        self._keys: set[str] = set()
+        # The listed keys, to tell what vanished; a first list into an empty cache
+        # and queue has nothing to compare, and 100k keys held for the length of the
+        # list were ~120 B per object of its peak memory.
+        self._keys: set[str] | None = set() if fifo._may_vanish() else None
+        # Without the listed keys: the keys discarded (and not handed in again) since.
+        self._gone: set[str] = set()
         self._count = 0
         self._open = True
         self._paced = paced
@@ -260,18 +284,28 @@ class Replacement:
         fifo = self._fifo
         if self._paced:
             await fifo._wait_for_room()
-        self._keys.add(fifo.key_of(obj))
+        if self._keys is not None:
+            self._keys.add(fifo.key_of(obj))
+        elif self._gone:
+            self._gone.discard(fifo.key_of(obj))
         fifo._queue_replaced(obj)
         self._count += 1
         if self._count % REPLACE_YIELD_EVERY == 0:
             await asyncio.sleep(0)
 
     def discard(self, obj: RawObject) -> None:
-        self._keys.discard(self._fifo.key_of(obj))
+        if self._keys is not None:
+            self._keys.discard(self._fifo.key_of(obj))
+        else:
+            self._gone.add(self._fifo.key_of(obj))
 
     def commit(self, resource_version: str) -> None:
         self._close()
-        self._fifo._finish_replace(self._keys)
+        keys = self._keys
+        if keys is None and self._gone:
+            # Everything present came from this list, except what it discarded.
+            keys = self._fifo._present_keys() - self._gone
+        self._fifo._finish_replace(keys)
 
     def abort(self) -> None:
         if self._open:
@@ -356,7 +390,13 @@ class DeltaFIFO(_FIFOBase):
     def _queue_replaced(self, obj: RawObject) -> None:
         self._queue_action(self._replace_type, obj)
 
-    def _finish_replace(self, keys: set[str]) -> None:
+    def _queued_keys(self) -> Iterable[str]:
+        return self._queue
+
+    def _finish_replace(self, keys: set[str] | None) -> None:
+        if keys is None:
+            self._mark_populated_by_replace()
+            return
         # Queued keys absent from the list: their newest state is the best guess.
         for key in list(self._queue):
             if key in keys:
@@ -500,7 +540,13 @@ class RealFIFO(_FIFOBase):
     def _queue_replaced(self, obj: RawObject) -> None:
         self._append(self._replace_type, obj)
 
-    def _finish_replace(self, keys: set[str]) -> None:
+    def _queued_keys(self) -> Iterable[str]:
+        return [self.key_of(delta.object) for delta in self._items]
+
+    def _finish_replace(self, keys: set[str] | None) -> None:
+        if keys is None:
+            self._mark_populated_by_replace()
+            return
         # The items are queued already (see the module doc): only the tombstones are left.
         last_queued: dict[str, Delta] = {}
         for delta in self._items:

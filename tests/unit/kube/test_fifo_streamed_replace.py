@@ -267,3 +267,36 @@ async def test_a_paced_replace_waits_for_room_and_an_unpaced_one_never_does() ->
     await fifo.pop(drop)
     await asyncio.wait_for(third, 1)
     assert len(fifo) == 2
+
+
+@pytest.mark.parametrize("cls", FIFOS)
+async def test_a_first_replace_into_nothing_keeps_no_key_set(cls: type[FIFO]) -> None:
+    """Nothing queued or known when it begins: nothing can vanish, so the listed keys
+    (100k strings held for the whole list) are not kept; one known object: they are."""
+    fifo, known, consumer = make(cls)
+    r = fifo.begin_replace()
+    assert r._keys is None
+    await r.add(pod("a"))
+    r.commit("1")
+    await consumer.drain()
+    r = fifo.begin_replace()
+    assert r._keys is not None
+    r.commit("2")
+    await consumer.drain()
+    assert ("Deleted", "ns1/a") in [(t, k) for t, k, _ in consumer.seen]
+
+
+@pytest.mark.parametrize("cls", FIFOS)
+async def test_an_item_discarded_then_handed_in_again_stays(cls: type[FIFO]) -> None:
+    fifo, known, consumer = make(cls)
+    r = fifo.begin_replace()
+    await r.add(pod("a"))
+    await r.add(pod("b"))
+    r.discard(pod("a"))
+    r.discard(pod("b"))
+    await r.add(pod("b", 5))
+    r.commit("6")
+    await consumer.drain()
+    assert known.list_keys() == ["ns1/b"]
+    deleted = [k for t, k, _ in consumer.seen if t == "Deleted"]
+    assert deleted == ["ns1/a"]
