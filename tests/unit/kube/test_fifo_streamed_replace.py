@@ -273,7 +273,7 @@ async def test_a_paced_replace_waits_for_room_and_an_unpaced_one_never_does() ->
 async def test_a_first_replace_into_nothing_keeps_no_key_set(cls: type[FIFO]) -> None:
     """Nothing queued or known when it begins: nothing can vanish, so the listed keys
     (100k strings held for the whole list) are not kept; one known object: they are."""
-    fifo, known, consumer = make(cls)
+    fifo, _known, consumer = make(cls)
     r = fifo.begin_replace()
     assert r._keys is None
     await r.add(pod("a"))
