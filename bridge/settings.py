@@ -330,7 +330,7 @@ class InformerSettings(_Section):
     page_size: int = Field(default=500, gt=0)
     watch_list: Literal["auto", "on", "off"] = "auto"
     resync_period: float | None = Field(default=None, gt=0)
-    max_queued: int = Field(default=1000, gt=0)
+    max_queued: int = Field(default=100, gt=0)
     list_pace_seconds: float | None = Field(
         default=30.0,
         ge=0,

@@ -183,7 +183,7 @@ class SharedInformer:
         reflector_settings: ReflectorSettings | None = None,
         initial_objects: list[CachedObject] | None = None,
         initial_resource_version: str | None = None,
-        max_queued: int | None = 1000,
+        max_queued: int | None = 100,
         drop_stale: bool = False,
         notify_unknown_deletes: bool = True,
     ) -> None:

@@ -87,7 +87,7 @@ def test_defaults_of_every_section(tmp_path: Path) -> None:
     settings = load_settings(write(tmp_path, MINIMAL), env={})
     assert settings.cluster.name == "default" and settings.cluster.kubeconfig is None
     assert settings.informer.page_size == 500 and settings.informer.watch_list == "auto"
-    assert settings.informer.resync_period is None and settings.informer.max_queued == 1000
+    assert settings.informer.resync_period is None and settings.informer.max_queued == 100
     assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8080)
     assert (settings.logging.format, settings.logging.level) == ("auto", "info")
     le = settings.leader_election
