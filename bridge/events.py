@@ -377,36 +377,7 @@ class EventBuilder:
             event_id = f"{uid}:{rv}"
         event_type = self._type_prefix + kind.value
         stamp = self._stamp()
-        if not sealed:
-            return Event(
-                event_id,
-                event_type,
-                self.source,
-                subject,
-                stamp,
-                rv,
-                change.initial,
-                data,
-                nats_subject,
-            )
-        # The same dict as Event.to_dict, built once: the parsed object is let go here.
-        encoded = _held(
-            orjson.dumps(
-                {
-                    "specversion": SPECVERSION,
-                    "id": event_id,
-                    "type": event_type,
-                    "source": self.source,
-                    "subject": subject,
-                    "time": stamp,
-                    "datacontenttype": DATACONTENTTYPE,
-                    "resourceversion": rv,
-                    "initial": change.initial,
-                    "data": data,
-                }
-            )
-        )
-        return Event(
+        event = Event(
             event_id,
             event_type,
             self.source,
@@ -414,11 +385,14 @@ class EventBuilder:
             stamp,
             rv,
             change.initial,
-            _EncodedData(encoded),
+            data,
             nats_subject,
-            "",
-            encoded,
         )
+        if sealed:
+            # Encoded here, the event just made: the parsed object is let go with it.
+            event.encoded = _held(orjson.dumps(event.to_dict()))
+            event.data = _EncodedData(event.encoded)
+        return event
 
 
 # Bounds the namespace-token cache: far above any cluster's namespace count.
