@@ -23,7 +23,6 @@ import sys
 import time
 import tracemalloc
 import uuid
-from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +151,7 @@ def main(argv: list[str]) -> int:
             )
         lines += [
             "",
-            f"Measured {date(2026, 11, 22).isoformat()} on {cpu_model()}, 2 cores,"
+            f"Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
             f" Python {platform.python_version()}.",
         ]
         update_benchmarks_md(

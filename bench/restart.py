@@ -218,7 +218,7 @@ def main(argv: list[str]) -> int:
         lines += [
             "",
             f"Best of {args.rounds} round(s), each a fresh process with"
-            f" {args.replay:,} replayed echoes. Measured 2026-11-22 on {cpu_model()}, 2 cores,"
+            f" {args.replay:,} replayed echoes. Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
             f" Python {platform.python_version()}.",
         ]
         update_benchmarks_md(

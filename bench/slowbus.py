@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
             )
         lines += [
             "",
-            f"Best of {args.rounds} round(s) (lowest peak). Measured 2026-11-22 on {cpu_model()},"
+            f"Best of {args.rounds} round(s) (lowest peak). Measured {time.strftime('%Y-%m-%d')} on {cpu_model()},"
             f" 2 cores, Python {platform.python_version()}.",
         ]
         update_benchmarks_md(
