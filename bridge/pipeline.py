@@ -88,8 +88,10 @@ class PipelineSettings:
     max_batch: int = 500
     # How long the writer waits for more events before taking a batch.
     linger: float = 0.001
-    # Decided but unacknowledged events beyond this make the informer wait.
-    max_pending: int = 4096
+    # Decided but unacknowledged events beyond this make the informer wait. Four
+    # batches: 4096 held ~7 MiB more at a 100k-pod first sync (bench slowbus) and
+    # was no faster, with a bus that acks at once or one taking 100 ms per batch.
+    max_pending: int = 2048
     retry_initial: float = 0.5
     retry_cap: float = 30.0
     # Events waiting while nothing is acknowledged for this long: not-ready.
