@@ -86,6 +86,14 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.list_read_aheads = Counter(
+            "list_read_aheads",
+            "LIST answers (pages) that outlasted informer.listPaceSeconds: their rest was"
+            " read at once and held as bytes",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
         self.checkpoint_resource_version = Gauge(
             "checkpoint_resource_version",
             "resourceVersion (numeric) of the last stored checkpoint",

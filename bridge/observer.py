@@ -41,6 +41,7 @@ class PipelineObserver:
         self._poison: dict[str, Counter[str]] = {}
         self._suppressed: dict[str, Counter[str]] = {}
         self._filter_errors: dict[str, int] = {}
+        self._read_aheads: dict[str, int] = {}
         self._synced: set[str] = set()
         self._started = clock()
         self._last_progress = clock()
@@ -56,6 +57,12 @@ class PipelineObserver:
                     p.label, reflector.watch_restarts, self._restarts, self.metrics.watch_restarts
                 )
                 self._carry(p.label, reflector.relists, self._relists, self.metrics.relists)
+                self._count(
+                    p.label,
+                    reflector.list_read_aheads,
+                    self._read_aheads,
+                    self.metrics.list_read_aheads,
+                )
             if informer is not None:
                 self.metrics.cache_objects.labels(resource=p.label).set(len(informer.store))
             stats = p.stats
@@ -67,13 +74,16 @@ class PipelineObserver:
                 self._suppressed,
                 self.metrics.changes_suppressed,
             )
-            errors = p.filter_errors
-            if errors > self._filter_errors.get(p.label, 0):
-                self.metrics.filter_errors.labels(resource=p.label).inc(
-                    errors - self._filter_errors.get(p.label, 0)
-                )
-                self._filter_errors[p.label] = errors
+            self._count(p.label, p.filter_errors, self._filter_errors, self.metrics.filter_errors)
             self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
+
+    @staticmethod
+    def _count(label: str, current: int, seen: dict[str, int], family: PromCounter) -> None:
+        """Carry a plain running count over to a counter labelled by resource only."""
+        delta = current - seen.get(label, 0)
+        if delta > 0:
+            family.labels(label).inc(delta)
+            seen[label] = current
 
     @staticmethod
     def _carry(

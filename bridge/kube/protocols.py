@@ -46,6 +46,12 @@ class ListStream(Protocol):
         """The list's metadata (resourceVersion, continue); complete once iteration ended."""
         ...
 
+    @property
+    def draining(self) -> bool:
+        """The ``pace_until`` deadline passed before the body was read: the rest was
+        (or is being) read at once."""
+        ...
+
     def pace_until(self, deadline: float) -> None:
         """Read the body only as fast as its batches are taken until loop time ``deadline``,
         then the rest at once (held undecoded), so the server's request timeout never

@@ -208,6 +208,9 @@ class Reflector:
         self._relist_reason = "initial"
         self._synced = False
         self.relists: collections.Counter[str] = collections.Counter()
+        # LIST answers (pages) the consumer was too slow for: past
+        # ``list_pace_seconds`` their rest was read at once and held as bytes.
+        self.list_read_aheads = 0
         self.watch_restarts: collections.Counter[str] = collections.Counter()
         self._log = log.bind(reflector=self.name)
         # Health: whether a list/watch stream is established, and when one last was
@@ -465,6 +468,13 @@ class Reflector:
                 self._fed += len(batch)
                 for obj in batch:
                     await add(obj)
+            if page.draining:
+                self.list_read_aheads += 1
+                self._log.info(
+                    "LIST outlasted its pacing deadline; its rest was read ahead and held as bytes",
+                    list_pace_seconds=pace,
+                    hint="a streaming list (informer.watchList) or smaller pages avoid this",
+                )
             return page.metadata
 
     # -- streaming list (KEP-3157) ----------------------------------------

@@ -155,6 +155,10 @@ class _ScriptedListStream:
         """Nothing to read ahead: the scripted answer is in memory already."""
         self.deadline = deadline
 
+    @property
+    def draining(self) -> bool:
+        return False
+
     def __aiter__(self) -> AsyncIterator[list[RawObject]]:
         return self._batches()
 

@@ -61,6 +61,12 @@ async def test_restarts_relists_and_cache_size_reach_prometheus(
         assert sample(registry, "k8s_bridge_relists_total", resource=p.label, reason=reason) == n
     assert sample(registry, "k8s_bridge_cache_objects", resource=p.label) == 4
     assert sample(registry, "k8s_bridge_checkpoint_lag_seconds", resource=p.label) >= 0
+    # LISTs that outlast their pacing deadline (tests/unit/kube/test_list_pacing.py): counted.
+    assert sample(registry, "k8s_bridge_list_read_aheads_total", resource=p.label) == 0
+    reflector.list_read_aheads += 2
+    observer.sync_metrics()
+    observer.sync_metrics()
+    assert sample(registry, "k8s_bridge_list_read_aheads_total", resource=p.label) == 2
 
 
 async def test_filter_evaluation_errors_reach_prometheus(

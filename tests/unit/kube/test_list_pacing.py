@@ -118,7 +118,7 @@ class SlowConsumer:
 
 async def run_list(
     cls: type[FIFO], pace: float | None, delay: float = 0.0
-) -> tuple[SlowConsumer, BodyLister]:
+) -> tuple[SlowConsumer, BodyLister, Reflector]:
     known = Indexer()
     # Known before the list and absent from it: must come out as a tombstone, after the items.
     known.update({"kind": "Pod", "metadata": {"name": "gone", "namespace": "ns1", "uid": "g"}})
@@ -136,7 +136,7 @@ async def run_list(
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-    return consumer, lister
+    return consumer, lister, reflector
 
 
 def assert_one_replace(consumer: SlowConsumer) -> None:
@@ -149,8 +149,9 @@ def assert_one_replace(consumer: SlowConsumer) -> None:
 async def test_a_list_waits_for_a_slow_consumer_instead_of_queueing_decoded_items(
     cls: type[FIFO],
 ) -> None:
-    consumer, _ = await run_list(cls, pace=60.0)
+    consumer, _, reflector = await run_list(cls, pace=60.0)
     assert_one_replace(consumer)
+    assert reflector.list_read_aheads == 0
     # The FIFO's bound holds for a LIST as for a watch: not N items, and the body
     # is read only a few chunks ahead of the consumer (the rest stays unread): the
     # FIFO, the item being processed, the piece being split, the chunk read ahead.
@@ -164,8 +165,9 @@ async def test_past_the_deadline_the_body_is_read_at_once_and_the_fifo_stays_bou
 ) -> None:
     # ~3 s of consuming; the server would cut a read paced that long, so after
     # 0.2 s the rest of the body is read (held as bytes), the FIFO still bounded.
-    consumer, lister = await run_list(cls, pace=0.2, delay=0.001)
+    consumer, lister, reflector = await run_list(cls, pace=0.2, delay=0.001)
     assert_one_replace(consumer)
+    assert reflector.list_read_aheads == 1  # counted, so k8s_bridge_list_read_aheads_total shows it
     assert consumer.most_queued <= BOUND
     assert lister.read_all_at is not None and consumer.done_at is not None
     assert consumer.done_at - lister.read_all_at > 1.0
