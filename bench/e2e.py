@@ -48,6 +48,7 @@ from aiokafka import AIOKafkaProducer
 from bench._support import cpu_model, free_port, process, update_benchmarks_md
 from bench.decode import make_pod
 from bridge import gctune
+from bridge.app import object_decoder
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.emulator import Emulator
@@ -124,6 +125,7 @@ async def run_e2e(
     settings: PipelineSettings,
     timeout: float,
     gc_freeze: bool = False,
+    whole: bool = False,
 ) -> tuple[float, float, int]:
     """Seconds for the initial list and for the burst; the RV the burst started after."""
     n = len(pods)
@@ -135,13 +137,18 @@ async def run_e2e(
         task: asyncio.Task[None] | None = None
         try:
             info = await Discovery(client).resolve("v1", "Pod")
+            fingerprinter = Fingerprinter([])
+            builder = EventBuilder(
+                cluster="bench", group="", version="v1", kind="Pod", plural="pods"
+            )
+            # As the app decodes (bridge.app.object_decoder): nothing here reads past the
+            # metadata, so spec and status stay the server's bytes; --whole-objects parses all.
+            decoder = None if whole else object_decoder(fingerprinter, builder, None)
             pipeline = ResourcePipeline(
                 resource_id=RESOURCE_ID,
-                lw=ListWatch(client, info),
-                detector=ChangeDetector(Fingerprinter([])),
-                builder=EventBuilder(
-                    cluster="bench", group="", version="v1", kind="Pod", plural="pods"
-                ),
+                lw=ListWatch(client, info, decoder=decoder),
+                detector=ChangeDetector(fingerprinter),
+                builder=builder,
                 sink=sink,
                 checkpoints=store,
                 settings=settings,
@@ -320,7 +327,15 @@ async def bench_bus(
     if profiler is not None:
         profiler.enable()
     listed, burst, before = await run_e2e(
-        emu, kubeconfig, pods, sink, round_, settings, args.timeout, args.gc_freeze
+        emu,
+        kubeconfig,
+        pods,
+        sink,
+        round_,
+        settings,
+        args.timeout,
+        args.gc_freeze,
+        args.whole_objects,
     )
     if profiler is not None:
         profiler.disable()
@@ -490,6 +505,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--flush-interval", type=float, default=PipelineSettings().flush_interval)
     parser.add_argument("--profile", default="", help="cProfile the e2e runs into FILE.<bus>")
     parser.add_argument("--profile-bus", default="nats,kafka")
+    parser.add_argument(
+        "--whole-objects",
+        action="store_true",
+        help="parse every object whole (what a filter reading whole objects, or patch, makes "
+        "the bridge do) instead of only the keys the resource reads",
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
         "--gc-threshold",

@@ -63,6 +63,7 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
 
     import structlog
 
+    from bridge.app import object_decoder
     from bridge.changes import ChangeDetector, Fingerprinter
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
     from bridge.events import EventBuilder
@@ -90,13 +91,16 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
                     **({} if pace is None else {"list_pace_seconds": pace}),
                 )
             )
+            fingerprinter = Fingerprinter()
+            builder = EventBuilder(
+                cluster="bench", group="", version="v1", kind="Pod", plural="pods"
+            )
             pipeline = ResourcePipeline(
                 resource_id="v1/pods",
-                lw=ListWatch(client, pods),
-                detector=ChangeDetector(Fingerprinter()),
-                builder=EventBuilder(
-                    cluster="bench", group="", version="v1", kind="Pod", plural="pods"
-                ),
+                # Decoded as the app does: spec and status stay the server's bytes.
+                lw=ListWatch(client, pods, decoder=object_decoder(fingerprinter, builder, None)),
+                detector=ChangeDetector(fingerprinter),
+                builder=builder,
                 sink=sink,
                 checkpoints=store,
                 settings=settings,

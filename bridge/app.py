@@ -43,6 +43,7 @@ from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
+from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.metrics import Metrics
@@ -140,6 +141,24 @@ def resource_fingerprinter(res: ResourceSettings) -> Fingerprinter:
         fields=res.fields,
         label=res.gvk,
     )
+
+
+def object_decoder(
+    fingerprinter: Fingerprinter, builder: EventBuilder, filter: Filter | None
+) -> ObjectDecoder | None:
+    """How one resource decodes objects: only the top-level keys its fingerprint, events
+    and filter read are parsed, the rest stays the server's bytes (bridge/kube/rawjson.py);
+    None when something reads whole objects. Replay decodes the same way, so its
+    fingerprints agree with the live bridge's."""
+    keys: frozenset[str] = frozenset()
+    for reader in (fingerprinter, builder, filter):
+        if reader is None:
+            continue
+        reads = reader.reads()
+        if reads is None:
+            return None
+        keys |= reads
+    return ObjectDecoder(keys)
 
 
 def default_identity() -> str:
@@ -289,15 +308,17 @@ class BridgeApp:
             fingerprinter = resource_fingerprinter(res)
             scopes: list[str | None] = list(res.namespaces) if res.namespaces else [None]
             for ns in scopes:
+                builder = event_builder(s, res, info)
+                label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
+                filter = Filter(res.filter, label=label) if res.filter else None
                 lw = ListWatch(
                     client,
                     info,
                     namespace=ns,
                     label_selector=res.label_selector,
                     field_selector=res.field_selector,
+                    decoder=object_decoder(fingerprinter, builder, filter),
                 )
-                builder = event_builder(s, res, info)
-                label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
                 pipeline = ResourcePipeline(
                     resource_id=resource_id(info, ns, res),
                     lw=lw,
@@ -312,7 +333,7 @@ class BridgeApp:
                     metrics=self.metrics,
                     label=label,
                     backoff=self._backoff,
-                    filter=Filter(res.filter, label=label) if res.filter else None,
+                    filter=filter,
                 )
                 pipelines.append(pipeline)
                 self.served.append((res, pipeline))

@@ -88,6 +88,11 @@ def compile_paths(paths: list[str] | tuple[str, ...]) -> PathNode:
     return root
 
 
+def top_keys(node: PathNode) -> frozenset[str] | None:
+    """The top-level keys a trie reaches into; None if it picks list positions at the top."""
+    return None if node.indexes else frozenset(node.keys)
+
+
 def compile_ignore_paths(paths: list[str]) -> PathNode:
     """The ignore trie: the configured paths plus the always-ignored metadata fields."""
     return compile_paths([*ALWAYS_IGNORED, *paths])
@@ -166,6 +171,11 @@ class Fingerprinter:
         # (Objects are never mutated, and holding the last one keeps its id unique.)
         self._last: RawObject | None = None
         self._last_fp = ""
+
+    def reads(self) -> frozenset[str] | None:
+        """The top-level keys whose values this fingerprint needs parsed (None: all).
+        Other values may arrive as the server's bytes (bridge/kube/rawjson.py)."""
+        return top_keys(self._trie)
 
     def fingerprint(self, obj: RawObject) -> str:
         if obj is self._last:

@@ -29,7 +29,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from bridge.changes import Change, ChangeKind, PathNode, compile_paths, transform_paths
+from bridge.changes import Change, ChangeKind, PathNode, compile_paths, top_keys, transform_paths
 from bridge.kube.objects import RawObject, meta
 from bridge.views import compile_projection, select
 
@@ -306,6 +306,21 @@ class EventBuilder:
         self._fields = compile_projection(fields)
         # Last published object per key, for ``data.patch``; kept only when asked for.
         self._last: dict[str, RawObject] = {}
+
+    def reads(self) -> frozenset[str] | None:
+        """The top-level keys whose values events need parsed (None: all): projected,
+        redacted and masked ones. Others are written out as they came. A patch
+        compares whole objects."""
+        if self.patch:
+            return None
+        keys: frozenset[str] = frozenset()
+        for trie in (self._fields, self._secret, self._secret_copies, self._mask):
+            if trie is not None:
+                top = top_keys(trie)
+                if top is None:
+                    return None
+                keys |= top
+        return keys
 
     def redact(self, obj: RawObject, *, project: bool = True) -> RawObject:
         # Project first, then redact what is left: redaction paths are absolute, so a

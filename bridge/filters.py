@@ -125,6 +125,16 @@ class Filter:
         self._last_warned: float | None = None
         self._since_warned = 0
 
+    def reads(self) -> frozenset[str] | None:
+        """The top-level keys of ``object`` and ``oldObject`` the expression reads (None: all)."""
+        keys: set[str] = set()
+        for var in ("object", "oldObject"):
+            paths = self._paths[var]
+            if paths is None:
+                return None
+            keys.update(path[0] for path in paths)
+        return frozenset(keys)
+
     def _view(self, var: str, obj: RawObject | None) -> Any:
         if obj is None:
             return None

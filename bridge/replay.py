@@ -29,6 +29,7 @@ from bridge.app import (
     build_checkpoints,
     build_sink,
     event_builder,
+    object_decoder,
     resource_fingerprinter,
     resource_id,
 )
@@ -144,16 +145,19 @@ async def replay(
                 f"config error: --namespace {namespace!r}: {res.api_version}/{res.kind} is "
                 "cluster-scoped"
             )
+        builder = event_builder(settings, res, info)
+        fingerprinter = resource_fingerprinter(res)
+        detector = ChangeDetector(fingerprinter)
+        filter = Filter(res.filter, label=info.plural) if res.filter else None
+        view = _View(filter)
         lw = ListWatch(
             client,
             info,
             namespace=namespace,
             label_selector=res.label_selector,
             field_selector=res.field_selector,
+            decoder=object_decoder(fingerprinter, builder, filter),
         )
-        builder = event_builder(settings, res, info)
-        detector = ChangeDetector(resource_fingerprinter(res))
-        view = _View(Filter(res.filter, label=info.plural) if res.filter else None)
         await sink.start()
         await counter.start()
         try:

@@ -24,7 +24,14 @@ from typing import Any
 import orjson
 import xxhash
 
-from bridge.changes import Fingerprinter, PathNode, _parse, compile_paths, strip_paths
+from bridge.changes import (
+    Fingerprinter,
+    PathNode,
+    _parse,
+    compile_paths,
+    strip_paths,
+    top_keys,
+)
 from bridge.errors import ConfigError
 from bridge.kube.objects import RawObject
 from bridge.logging import get_logger
@@ -145,6 +152,10 @@ class ViewFingerprinter(Fingerprinter):
         self._fallback = fallback_without_generation
         self._label = label
         self._warned = False
+
+    def reads(self) -> frozenset[str] | None:
+        ignored, selected = super().reads(), top_keys(self._select)
+        return None if ignored is None or selected is None else ignored | selected
 
     def fingerprint(self, obj: RawObject) -> str:
         if obj is self._last:

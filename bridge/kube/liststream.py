@@ -35,13 +35,18 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 
 from bridge.errors import KubeConnectionError
 from bridge.kube.objects import RawObject
+from bridge.kube.rawjson import IncompleteJSON
+
+# Decodes one item's bytes; ValueError if they are not one, IncompleteJSON (or
+# orjson's "unexpected end of data") if they end inside it.
+ItemDecoder = Callable[[bytearray], RawObject]
 
 __all__ = ["ListBody", "ListBodyError", "ListSplitter"]
 
@@ -58,6 +63,14 @@ _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 0x7B, 0x7D, 0x5B, 0x5D
 _COMMA, _COLON = 0x2C, 0x3A
 # orjson's message for input that stops inside a value: the candidate ended mid-item.
 _INCOMPLETE = "unexpected end of data"
+
+
+def _incomplete(e: ValueError) -> bool:
+    if isinstance(e, IncompleteJSON):
+        return True
+    return isinstance(e, orjson.JSONDecodeError) and e.msg.startswith(_INCOMPLETE)
+
+
 # An item this much larger than the largest so far (or than this floor) without a
 # candidate end is not like the others: scan it exactly instead of buffering on.
 _GUESS_FLOOR = 256 * 1024
@@ -160,8 +173,9 @@ class ListSplitter:
     ``kind``, ``apiVersion``) are in ``envelope`` once ``close`` returned.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, decode: ItemDecoder = orjson.loads) -> None:
         self.envelope: dict[str, Any] = {}
+        self._decode = decode
         self._buf = bytearray()
         self._pos = 0
         self._state = _OPEN
@@ -341,8 +355,8 @@ class ListSplitter:
 
     def _emit(self, out: list[RawObject], start: int, end: int) -> None:
         try:
-            obj = orjson.loads(self._buf[start:end])
-        except orjson.JSONDecodeError as e:
+            obj = self._decode(self._buf[start:end])
+        except ValueError as e:
             self._pos = start
             raise self._bad(f"undecodable item: {e}") from None
         out.append(obj)
@@ -376,14 +390,14 @@ class ListSplitter:
         buf = self._buf
         pattern = self._pattern
         assert pattern is not None
-        find, loads = buf.find, orjson.loads
+        find, loads = buf.find, self._decode
         item = self._item
         p = find(pattern, self._search)
         while p >= 0:
             try:
                 obj = loads(buf[item : p + 1])
-            except orjson.JSONDecodeError as e:
-                if e.msg.startswith(_INCOMPLETE):
+            except ValueError as e:
+                if _incomplete(e):
                     p = find(pattern, p + 1)
                     continue
                 break  # overshot an item that ended earlier, or a malformed one
@@ -499,9 +513,16 @@ class ListBody:
     """
 
     def __init__(
-        self, chunks: AsyncIterator[bytes], *, kind: str, api_version: str, what: str
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        kind: str,
+        api_version: str,
+        what: str,
+        decode: ItemDecoder = orjson.loads,
     ) -> None:
         self._chunks = chunks
+        self._decode = decode
         self._kind = kind
         self._api_version = api_version
         self._what = what
@@ -544,7 +565,7 @@ class ListBody:
         return items
 
     async def _batches(self) -> AsyncIterator[list[RawObject]]:
-        splitter = ListSplitter()
+        splitter = ListSplitter(self._decode)
         try:
             async for chunk in self._source():
                 view = memoryview(chunk)

@@ -13,6 +13,7 @@ from bridge.kube.discovery import ResourceInfo
 from bridge.kube.liststream import ListBody
 from bridge.kube.objects import ListResponse, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
+from bridge.kube.rawjson import ObjectDecoder
 
 
 class ListWatch:
@@ -21,6 +22,10 @@ class ListWatch:
     Selectors go to the server. LIST items come back without kind/apiVersion
     (as the API server sends them); they are filled in so downstream code can
     name the object.
+
+    ``decoder``: objects from ``list_stream`` and ``watch`` keep the top-level
+    values nobody reads as the server's bytes (bridge/kube/rawjson.py); None
+    parses them whole.
     """
 
     def __init__(
@@ -31,8 +36,10 @@ class ListWatch:
         namespace: str | None = None,
         label_selector: str = "",
         field_selector: str = "",
+        decoder: ObjectDecoder | None = None,
     ) -> None:
         self.client = client
+        self.decoder = decoder
         self.resource = resource
         self.namespace = namespace
         self.label_selector = label_selector
@@ -65,6 +72,19 @@ class ListWatch:
         return params
 
     async def list(self, options: ListOptions) -> ListResponse:
+        if self.decoder is not None:
+            # Decoded as the reflector's lists are, so fingerprints agree with theirs.
+            items: list[Any] = []
+            async with self.list_stream(options) as body:
+                async for batch in body:
+                    items.extend(batch)
+            listed: ListResponse = {
+                "apiVersion": self.resource.api_version,
+                "kind": f"{self.resource.kind}List",
+                "metadata": body.metadata,
+                "items": items,
+            }
+            return listed
         params = self._list_params(options)
         result = await self.client.request_json("GET", self.path, params=params)
         kind = self.resource.kind
@@ -84,6 +104,7 @@ class ListWatch:
                 kind=self.resource.kind,
                 api_version=self.resource.api_version,
                 what=f"GET {self.path}",
+                decode=self.decoder.object if self.decoder is not None else orjson.loads,
             )
             try:
                 yield body
@@ -107,7 +128,10 @@ class ListWatch:
         if options.resource_version_match:
             params["resourceVersionMatch"] = options.resource_version_match
         stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
-            "GET", self.path, params, decode=orjson.loads
+            "GET",
+            self.path,
+            params,
+            decode=self.decoder.watch_event if self.decoder is not None else orjson.loads,
         )
         return stream
 
@@ -119,12 +143,17 @@ def list_watches_for(
     *,
     label_selector: str = "",
     field_selector: str = "",
+    decoder: ObjectDecoder | None = None,
 ) -> list[ListWatch]:
     """One ListWatch per namespace; an empty list (or a cluster-scoped kind) means one for all."""
     if not namespaces or not resource.namespaced:
         return [
             ListWatch(
-                client, resource, label_selector=label_selector, field_selector=field_selector
+                client,
+                resource,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                decoder=decoder,
             )
         ]
     return [
@@ -134,6 +163,7 @@ def list_watches_for(
             namespace=ns,
             label_selector=label_selector,
             field_selector=field_selector,
+            decoder=decoder,
         )
         for ns in dict.fromkeys(namespaces)
     ]
