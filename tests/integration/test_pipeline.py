@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bridge.app import object_decoder
 from bridge.changes import CERTAIN, UNCERTAIN, ChangeDetector, Fingerprinter
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
@@ -70,15 +71,19 @@ class Harness:
 
     async def pipeline(self) -> ResourcePipeline:
         info = await Discovery(self.client).resolve("v1", "Pod")
+        fingerprinter = Fingerprinter(self.ignore)
+        builder = EventBuilder(cluster="test", group="", version="v1", kind="Pod", plural="pods")
+        filter = Filter(self.filter) if self.filter else None
         return ResourcePipeline(
             resource_id="core/v1/pods",
-            lw=ListWatch(self.client, info),
-            detector=ChangeDetector(Fingerprinter(self.ignore)),
-            builder=EventBuilder(cluster="test", group="", version="v1", kind="Pod", plural="pods"),
+            # Decoded as the app decodes: only what the resource reads is parsed.
+            lw=ListWatch(self.client, info, decoder=object_decoder(fingerprinter, builder, filter)),
+            detector=ChangeDetector(fingerprinter),
+            builder=builder,
             sink=self.sink,
             checkpoints=self.checkpoints,
             settings=FAST,
-            filter=Filter(self.filter) if self.filter else None,
+            filter=filter,
         )
 
     @contextlib.asynccontextmanager

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bridge.app import object_decoder
 from bridge.changes import ChangeDetector
 from bridge.emulator import Emulator
 from bridge.events import EventBuilder
@@ -40,18 +41,14 @@ class ViewHarness(Harness):
         fingerprinter = fingerprinter_for(
             ignore_fields=self.ignore, trigger=self.trigger, fields=self.fields
         )
+        builder = EventBuilder(
+            cluster="test", group="", version="v1", kind="Pod", plural="pods", fields=self.fields
+        )
         return ResourcePipeline(
             resource_id="core/v1/pods",
-            lw=ListWatch(self.client, info),
+            lw=ListWatch(self.client, info, decoder=object_decoder(fingerprinter, builder, None)),
             detector=ChangeDetector(fingerprinter),
-            builder=EventBuilder(
-                cluster="test",
-                group="",
-                version="v1",
-                kind="Pod",
-                plural="pods",
-                fields=self.fields,
-            ),
+            builder=builder,
             sink=self.sink,
             checkpoints=self.checkpoints,
             settings=replace(FAST, slim=self.slim),

@@ -24,7 +24,7 @@ from bridge.errors import ForbiddenError, KubeConnectionError
 from bridge.kube.client import KubeClient
 from bridge.kube.fifo import Delta, RealFIFO
 from bridge.kube.listwatch import ListWatch
-from bridge.kube.protocols import ListOptions
+from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.reflector import Reflector, ReflectorSettings
 from bridge.kube.scripted import RecordingStore
 from bridge.kube.store import Indexer
@@ -274,3 +274,37 @@ async def test_list_stream_errors_are_translated(tmp_path: Path, emulator: Emula
             assert got == ["p0000"]  # what arrived whole was handed over
     finally:
         await runner.cleanup()
+
+
+async def test_decoded_lazily_a_listed_and_a_watched_object_fingerprint_alike(
+    emulator: Emulator, client: KubeClient
+) -> None:
+    """The same objects from a LIST (paged and streamed, items without kind/apiVersion)
+    and from a watch hash the same with their spec and status kept as the server's bytes."""
+    from bridge.changes import Fingerprinter
+    from bridge.kube.rawjson import ObjectDecoder
+
+    for i in range(3):
+        body = pod_body(f"odd-{i}", app="a<b&c")
+        body["spec"] = {"containers": [{"name": "c", "image": "nginx", "args": ["é", "<&>"]}]}
+        body["status"] = {"phase": "Pending", "conditions": [{"type": "Ready", "n": i}]}
+        emulator.create(body)
+    lw = ListWatch(client, PODS, decoder=ObjectDecoder(Fingerprinter().reads() or ()))
+
+    def prints(objects: list[Any]) -> dict[str, str]:
+        return {o["metadata"]["name"]: Fingerprinter().fingerprint(o) for o in objects}
+
+    listed = await lw.list(ListOptions())
+    streamed: list[Any] = []
+    async with lw.list_stream(ListOptions(resource_version="0")) as page:
+        async for batch in page:
+            streamed.extend(batch)
+    watched: list[Any] = []
+    async with lw.watch(WatchOptions(resource_version="1")) as events:
+        async for event in events:
+            watched.append(event["object"])
+            if len(watched) == 3:
+                break
+    assert all(isinstance(o["spec"], orjson.Fragment) for o in listed["items"] + watched)
+    assert prints(listed["items"]) == prints(streamed) == prints(watched)
+    assert len(set(prints(watched).values())) == 3
