@@ -161,11 +161,13 @@ def strip_paths(obj: RawObject, node: PathNode) -> RawObject:
 class Fingerprinter:
     """Hashes objects without their ignored fields (xxh3-128, hex)."""
 
-    __slots__ = ("_last", "_last_fp", "_trie", "ignore_fields")
+    __slots__ = ("_last", "_last_fp", "_only_always_ignored", "_trie", "ignore_fields")
 
     def __init__(self, ignore_fields: list[str] | tuple[str, ...] = ()) -> None:
         self.ignore_fields = list(ignore_fields)
         self._trie = compile_ignore_paths(self.ignore_fields)
+        # The common case, stripped with two dict copies instead of a walk of the trie.
+        self._only_always_ignored = not self.ignore_fields
         # The informer's slim cache and the change detector hash the same object
         # one after the other; the second asks again for the object it holds.
         # (Objects are never mutated, and holding the last one keeps its id unique.)
@@ -180,7 +182,19 @@ class Fingerprinter:
     def fingerprint(self, obj: RawObject) -> str:
         if obj is self._last:
             return self._last_fp
-        stripped = transform_paths(obj, self._trie, None)
+        md = obj.get("metadata")
+        if self._only_always_ignored and type(md) is dict:
+            # What transform_paths does with ALWAYS_IGNORED alone (on a metadata of
+            # another type, a list of dicts say, the trie's walk decides).
+            stripped = obj
+            if "resourceVersion" in md or "managedFields" in md:
+                md = md.copy()
+                md.pop("resourceVersion", None)
+                md.pop("managedFields", None)
+                stripped = obj.copy()
+                stripped["metadata"] = md
+        else:
+            stripped = transform_paths(obj, self._trie, None)
         fp = xxhash.xxh3_128_hexdigest(orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS))
         self._last, self._last_fp = obj, fp
         return fp

@@ -172,29 +172,42 @@ def _repr(r: Record) -> str:
     )
 
 
+def _packed(flags: int, uid: str, resource_version: str, fingerprint: str) -> bytes | None:
+    """The packed state, or None when the values would not read back exactly.
+
+    The checks are on the strings, cheapest first (this runs once per event):
+    a canonical lowercase UUID, 32 lowercase hex digits, a plain decimal below
+    2**64 without leading zeros. ``fromhex`` skips whitespace, so a value with
+    any non-hex character gives fewer than 16 bytes (or fails) and is refused.
+    """
+    if (
+        len(uid) == 36
+        and uid[8] == uid[13] == uid[18] == uid[23] == "-"
+        and len(fingerprint) == 32
+        and resource_version.isdigit()
+        and resource_version.isascii()
+        and (resource_version[0] != "0" or resource_version == "0")
+        and len(resource_version) < 20
+        and (uid.islower() or uid == uid.lower())
+        and (fingerprint.islower() or fingerprint == fingerprint.lower())
+    ):
+        try:
+            raw_uid = bytes.fromhex(uid.replace("-", ""))
+            raw_fp = bytes.fromhex(fingerprint)
+        except ValueError:
+            return None
+        if len(raw_uid) == 16 and len(raw_fp) == 16:
+            return _PACK.pack(flags, raw_uid, raw_fp, int(resource_version))
+    return None
+
+
 def make_record(
     key: str, uid: str, resource_version: str, fingerprint: str, unconfirmed: bool = False
 ) -> PackedRecord | LooseRecord:
     """The most compact record that gives back exactly these values."""
-    try:
-        raw_uid = bytes.fromhex(uid.replace("-", ""))
-        raw_fp = bytes.fromhex(fingerprint)
-        rv = int(resource_version)
-    except ValueError:
-        raw_uid = raw_fp = b""
-        rv = -1
-    # fromhex and int() accept more spellings than they give back (upper case,
-    # spaces, signs, leading zeros): pack only what reads back the same.
-    if (
-        len(raw_uid) == 16
-        and len(raw_fp) == 16
-        and 0 <= rv < _RV_MAX
-        and str(rv) == resource_version
-        and raw_fp.hex() == fingerprint
-        and _uuid_hex(raw_uid) == uid
-    ):
-        flags = _UNCONFIRMED if unconfirmed else 0
-        return PackedRecord(key, _PACK.pack(flags, raw_uid, raw_fp, rv))
+    packed = _packed(_UNCONFIRMED if unconfirmed else 0, uid, resource_version, fingerprint)
+    if packed is not None:
+        return PackedRecord(key, packed)
     return LooseRecord(key, uid, resource_version, fingerprint, unconfirmed)
 
 
@@ -207,30 +220,10 @@ def records_of_rows(
     rows: Iterable[tuple[str, str, str, str]],
 ) -> Iterator[PackedRecord | LooseRecord]:
     """``make_record(key, uid, resourceVersion, fingerprint)`` for many rows: a restart's
-    checkpoint, a million rows at a time, so the common case is inlined."""
-    pack = _PACK.pack
-    fromhex = bytes.fromhex
+    checkpoint, a million rows at a time."""
     for key, uid, rv, fp in rows:
-        # The checks that make ``make_record`` exact, cheapest first: a dash-less
-        # lowercase UUID of 32 hex digits, 32 lowercase hex digits, a plain decimal.
-        if (
-            len(uid) == 36
-            and uid[8] == uid[13] == uid[18] == uid[23] == "-"
-            and len(fp) == 32
-            and rv.isdigit()
-            and rv.isascii()
-            and (rv[0] != "0" or rv == "0")
-            and len(rv) < 20
-            and (uid.islower() or uid == uid.lower())
-            and (fp.islower() or fp == fp.lower())
-        ):
-            try:
-                raw_uid = fromhex(uid.replace("-", ""))
-                raw_fp = fromhex(fp)
-            except ValueError:
-                pass
-            else:
-                if len(raw_uid) == 16 and len(raw_fp) == 16:
-                    yield PackedRecord(key, pack(0, raw_uid, raw_fp, int(rv)))
-                    continue
-        yield make_record(key, uid, rv, fp)
+        packed = _packed(0, uid, rv, fp)
+        if packed is not None:
+            yield PackedRecord(key, packed)
+        else:
+            yield LooseRecord(key, uid, rv, fp, False)

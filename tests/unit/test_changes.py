@@ -5,7 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.changes import (
     ChangeDetector,
@@ -14,6 +18,7 @@ from bridge.changes import (
     Fingerprinter,
     compile_ignore_paths,
     strip_paths,
+    transform_paths,
 )
 from bridge.errors import ConfigError
 from bridge.kube.objects import DeletedFinalStateUnknown
@@ -241,3 +246,36 @@ def test_tombstone_delete_carries_last_known_state() -> None:
     }
     [c] = detector.on_delete(DeletedFinalStateUnknown("n", slim))
     assert "fingerprint" not in c.object and c.object["metadata"]["uid"] == "u"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_metadata = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "name": st.text(max_size=5),
+            "resourceVersion": st.text(max_size=5),
+            "managedFields": st.lists(_json, max_size=2),
+            "labels": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+        },
+    ),
+    _json,  # not a dict: a list of dicts too, which a trie path reaches into
+)
+
+
+@given(
+    st.fixed_dictionaries({"metadata": _metadata}, optional={"kind": st.just("Pod"), "spec": _json})
+)
+def test_the_default_fingerprint_strips_as_the_ignore_trie_does(obj: dict[str, Any]) -> None:
+    """The shortcut for no ignoreFields hashes what the general path hashes."""
+    general = transform_paths(obj, compile_ignore_paths([]), None)
+    want = xxhash.xxh3_128_hexdigest(orjson.dumps(general, option=orjson.OPT_SORT_KEYS))
+    before = copy.deepcopy(obj)
+    assert Fingerprinter().fingerprint(obj) == want
+    assert obj == before  # never mutated
