@@ -350,6 +350,8 @@ class ResourcePipeline:
             drop_stale=True,
             # With a filter, a delete of an object never cached was never published.
             notify_unknown_deletes=self._filter is None,
+            # Nothing here asks the cache by namespace: 31-38 B per object saved.
+            by_namespace=False,
         )
         self.informer.add_event_handler(self, resync_period=s.resync_period)
 

@@ -186,6 +186,7 @@ class SharedInformer:
         max_queued: int | None = 100,
         drop_stale: bool = False,
         notify_unknown_deletes: bool = True,
+        by_namespace: bool = True,
     ) -> None:
         self._lw = lw
         # client-go tells handlers of every delete, cached or not. A handler that
@@ -205,7 +206,7 @@ class SharedInformer:
         # Started from a checkpoint: the cache already holds what was published,
         # so the informer is synced at once and a relist is not a "first list".
         self._resumed = initial_resource_version is not None
-        self.store = Indexer(key_func=namespace_key, indexers=indexers)
+        self.store = Indexer(key_func=namespace_key, indexers=indexers, by_namespace=by_namespace)
         if initial_objects:
             self.store.replace(
                 (self._to_stored(obj) for obj in initial_objects), initial_resource_version or ""

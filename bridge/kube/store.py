@@ -70,13 +70,18 @@ class Indexer:
         *,
         key_func: Callable[[CachedObject], str] = namespace_key,
         indexers: dict[str, IndexFunc] | None = None,
+        by_namespace: bool = True,
     ) -> None:
+        """``by_namespace``: keep client-go's namespace index (31-38 B per object);
+        a store nobody asks by namespace goes without."""
         self._key_func = key_func
         # A PackedRecord is kept as its ``packed`` bytes (see the module docstring).
         self._items: dict[str, CachedObject | bytes] = {}
-        self._indexers: dict[str, IndexFunc] = {NAMESPACE_INDEX: namespace_index}
+        self._indexers: dict[str, IndexFunc] = (
+            {NAMESPACE_INDEX: namespace_index} if by_namespace else {}
+        )
         # index name -> index value -> keys (a dict used as an ordered set)
-        self._indices: dict[str, dict[str, dict[str, None]]] = {NAMESPACE_INDEX: {}}
+        self._indices: dict[str, dict[str, dict[str, None]]] = {name: {} for name in self._indexers}
         if indexers:
             self.add_indexers(indexers)
 
@@ -94,14 +99,22 @@ class Indexer:
 
     def delete_by_key(self, key: str) -> None:
         old = self._items.pop(key, None)
-        if old is not None:
+        if old is not None and self._indexers:
             self._reindex(key, _view(key, old), None)
 
     def replace(self, items: Iterable[CachedObject], resource_version: str = "") -> None:
         """Swap the whole content; the indices are rebuilt from scratch."""
         self._items = {}
         self._indices = {name: {} for name in self._indexers}
-        if len(self._indexers) > 1 or self._key_func is not namespace_key:
+        if not self._indexers and self._key_func is namespace_key:
+            stored = self._items
+            for obj in items:
+                if type(obj) is PackedRecord:
+                    stored[obj.key] = obj.packed
+                else:
+                    stored[namespace_key(obj)] = obj
+            return
+        if set(self._indexers) != {NAMESPACE_INDEX} or self._key_func is not namespace_key:
             for obj in items:
                 self._put(self._key_func(obj), obj)
             return
@@ -183,7 +196,8 @@ class Indexer:
         old = items.get(key)
         items[key] = obj.packed if type(obj) is PackedRecord else obj
         # The namespace is part of the key: an update moves no namespace index entry.
-        if old is None or len(self._indexers) > 1:
+        indexers = self._indexers
+        if indexers and (old is None or len(indexers) > 1 or NAMESPACE_INDEX not in indexers):
             self._reindex(key, None if old is None else _view(key, old), obj)
 
     def _reindex(self, key: str, old: CachedObject | None, new: CachedObject | None) -> None:

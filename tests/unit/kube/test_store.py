@@ -119,3 +119,30 @@ def test_update_of_an_unknown_key_adds_and_delete_of_unknown_key_is_quiet() -> N
     store.delete(obj("ghost"))
     store.delete_by_key("ghost")
     assert len(store) == 1
+
+
+@pytest.mark.parametrize("extra", [None, {"app": label_index("app")}])
+def test_a_store_without_the_namespace_index_keeps_objects_and_other_indices(
+    extra: dict[str, Any] | None,
+) -> None:
+    from bridge.kube.records import make_record
+
+    fp = "0123456789abcdef0123456789abcdef"
+    uid = "0b5c7f3e-5d2a-4c57-9d7e-8f1b6c1f2a3b"
+    store = Indexer(by_namespace=False, indexers=extra)
+    assert "namespace" not in store.indexers
+    store.add(obj("a", app="web"))
+    store.update(obj("a", rv=2, app="db"))
+    store.add(obj("b", ns="ns2"))
+    assert store.get_by_key("ns1/a") == obj("a", rv=2, app="db")
+    with pytest.raises(IndexerError):
+        store.index_keys("namespace", "ns1")
+    if extra:
+        assert store.index_keys("app", "db") == ["ns1/a"]
+    store.delete(obj("a"))
+    assert store.list_keys() == ["ns2/b"]
+    store.replace([make_record("ns3/c", uid, "7", fp), obj("d", ns="ns4", app="web")])
+    assert sorted(store.list_keys()) == ["ns3/c", "ns4/d"]
+    assert store.get_by_key("ns3/c") == make_record("ns3/c", uid, "7", fp)
+    if extra:
+        assert store.index_keys("app", "web") == ["ns4/d"]
