@@ -106,21 +106,13 @@ class Indexer:
         """Swap the whole content; the indices are rebuilt from scratch."""
         self._items = {}
         self._indices = {name: {} for name in self._indexers}
-        if not self._indexers and self._key_func is namespace_key:
-            stored = self._items
-            for obj in items:
-                if type(obj) is PackedRecord:
-                    stored[obj.key] = obj.packed
-                else:
-                    stored[namespace_key(obj)] = obj
-            return
-        if set(self._indexers) != {NAMESPACE_INDEX} or self._key_func is not namespace_key:
+        if not set(self._indexers) <= {NAMESPACE_INDEX} or self._key_func is not namespace_key:
             for obj in items:
                 self._put(self._key_func(obj), obj)
             return
-        # Only the namespace index, whose value is in the key: the loop a restart
+        # At most the namespace index, whose value is in the key: the loop a restart
         # runs a million times, inlined.
-        stored, namespaces = self._items, self._indices[NAMESPACE_INDEX]
+        stored, namespaces = self._items, self._indices.get(NAMESPACE_INDEX)
         for obj in items:
             if type(obj) is PackedRecord:
                 key = obj.key
@@ -128,11 +120,12 @@ class Indexer:
             else:
                 key = namespace_key(obj)
                 stored[key] = obj
-            ns = key.rpartition("/")[0]
-            keys = namespaces.get(ns)
-            if keys is None:
-                namespaces[ns] = keys = {}
-            keys[key] = None
+            if namespaces is not None:
+                ns = key.rpartition("/")[0]
+                keys = namespaces.get(ns)
+                if keys is None:
+                    namespaces[ns] = keys = {}
+                keys[key] = None
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
         """Add indices; only while the store is empty, as in client-go."""

@@ -146,3 +146,16 @@ def test_a_store_without_the_namespace_index_keeps_objects_and_other_indices(
     assert store.get_by_key("ns3/c") == make_record("ns3/c", uid, "7", fp)
     if extra:
         assert store.index_keys("app", "web") == ["ns4/d"]
+
+
+def test_replace_rebuilds_the_namespace_index_of_records_and_objects() -> None:
+    from bridge.kube.records import make_record
+
+    fp = "0123456789abcdef0123456789abcdef"
+    uid = "0b5c7f3e-5d2a-4c57-9d7e-8f1b6c1f2a3b"
+    store = Indexer()
+    store.add(obj("old", ns="ns9"))
+    store.replace([make_record("ns1/a", uid, "7", fp), obj("b"), obj("c", ns="ns2")])
+    assert store.index_keys("namespace", "ns1") == ["ns1/a", "ns1/b"]
+    assert store.index_keys("namespace", "ns2") == ["ns2/c"]
+    assert store.list_index_func_values("namespace") == ["ns1", "ns2"]
