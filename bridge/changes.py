@@ -182,8 +182,7 @@ class Fingerprinter:
     def fingerprint(self, obj: RawObject) -> str:
         if obj is self._last:
             return self._last_fp
-        md = obj.get("metadata")
-        if self._only_always_ignored and type(md) is dict:
+        if self._only_always_ignored and type(md := obj.get("metadata")) is dict:
             # What transform_paths does with ALWAYS_IGNORED alone (on a metadata of
             # another type, a list of dicts say, the trie's walk decides).
             stripped = obj

@@ -88,13 +88,13 @@ class ObjectDecoder:
     """Decodes objects of one resource, parsing only the top-level keys in ``parsed``
     (``apiVersion``, ``kind`` and ``metadata`` always)."""
 
-    __slots__ = ("_any", "_line", "_line_raw", "_object", "_parsed", "_raw_fields", "parsed")
+    __slots__ = ("_any", "_line", "_line_raw", "_object", "_parsed_fields", "_raw_fields", "parsed")
 
     def __init__(self, parsed: Iterable[str] = ()) -> None:
         self.parsed = frozenset(parsed) | ALWAYS_PARSED
-        self._parsed = self.parsed - ALWAYS_PARSED
-        # The struct's raw fields that stay fragments.
-        self._raw_fields = tuple(f for f in _RAW_FIELDS if f not in self._parsed)
+        # The struct's raw fields: those that stay fragments, those parsed.
+        self._raw_fields = tuple(f for f in _RAW_FIELDS if f not in self.parsed)
+        self._parsed_fields = tuple(f for f in _RAW_FIELDS if f in self.parsed)
         self._object = msgspec.json.Decoder(_Object)
         self._line = msgspec.json.Decoder(_Line)
         self._line_raw = msgspec.json.Decoder(_LineRaw)
@@ -149,8 +149,8 @@ class ObjectDecoder:
             value = getattr(o, name)
             if value:
                 out[name] = fragment(bytes(value))
-        for name in self._parsed:
-            value = getattr(o, name, _EMPTY)
+        for name in self._parsed_fields:
+            value = getattr(o, name)
             if value:
                 out[name] = orjson.loads(bytes(value))
         return out

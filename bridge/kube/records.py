@@ -36,7 +36,6 @@ __all__ = [
 
 _UNCONFIRMED = 1
 _PACK = struct.Struct(">B16s16sQ")  # flags, uid, fingerprint, resourceVersion
-_RV_MAX = 2**64
 
 
 class Record(Protocol):
