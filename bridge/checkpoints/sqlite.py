@@ -198,10 +198,11 @@ class SqliteCheckpointStore:
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None:
-        # Materialise on the loop's thread: the iterables may be views of live dicts.
-        up = [[d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior] for d in upserts]
+        # Encoded on the loop's thread, before any await: the iterables may be views
+        # of live state (``CachedDigests``). Row by row into one buffer, so a commit
+        # of many keys holds their JSON text and nothing more.
+        up_json = _rows_json(upserts)
         down = list(deletes)
-        up_json = orjson.dumps(up) if up else None
         down_json = orjson.dumps(down) if down else None
 
         def _commit(conn: sqlite3.Connection) -> None:
@@ -234,6 +235,19 @@ class SqliteCheckpointStore:
             async with self._lock:
                 await asyncio.to_thread(conn.close)
         self._release_process_lock()
+
+
+def _rows_json(upserts: Iterable[Digest]) -> bytearray | None:
+    """``upserts`` as the JSON array of rows ``_UPSERT_ROWS`` expands, None if empty."""
+    buf = bytearray(b"[")
+    dumps = orjson.dumps
+    for d in upserts:
+        buf += dumps((d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior))
+        buf += b","
+    if len(buf) == 1:
+        return None
+    buf[-1] = 0x5D  # the last "," becomes the closing "]"
+    return buf  # bound as bytes are; a copy would double the peak
 
 
 def _require_json(conn: sqlite3.Connection) -> None:

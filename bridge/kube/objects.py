@@ -69,17 +69,44 @@ def meta(obj: RawObject) -> dict[str, Any]:
     return m if isinstance(m, dict) else {}
 
 
+class _LastKeyed:
+    """The last object ``namespace_key`` keyed, and its key.
+
+    The cache, the change detector and the pipeline each ask the key of the
+    object being handled, one after the other (four times per change): the
+    later asks cost an identity test instead of two lookups and a format.
+    Objects are never mutated once decoded, and holding the last one keeps its
+    id from being reused, so ``is`` is an exact test.
+    """
+
+    __slots__ = ("key", "obj")
+
+    def __init__(self) -> None:
+        self.obj: object = None
+        self.key = ""
+
+
+_last_keyed = _LastKeyed()
+
+
 def namespace_key(obj: CachedObject | DeletedFinalStateUnknown) -> str:
     """client-go's ``MetaNamespaceKeyFunc``: ``namespace/name``, or ``name`` if cluster-scoped.
 
     A tombstone's key is its own, and so is a cache record's.
     """
+    last = _last_keyed
+    if obj is last.obj:
+        return last.key
     if not isinstance(obj, dict):
         return obj.key
-    m = meta(obj)
+    m = obj.get("metadata")
+    if type(m) is not dict:
+        m = meta(obj)
     ns = m.get("namespace")
     name = m.get("name", "")
-    return f"{ns}/{name}" if ns else str(name)
+    key = f"{ns}/{name}" if ns else str(name)
+    last.obj, last.key = obj, key
+    return key
 
 
 def resource_version(obj: CachedObject) -> str:

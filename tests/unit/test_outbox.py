@@ -6,6 +6,7 @@ from it, as the pipeline's outbox reads them from the informer's store.
 
 from __future__ import annotations
 
+import tracemalloc
 from dataclasses import dataclass, field
 
 import pytest
@@ -301,3 +302,61 @@ def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
     assert batch is not None
     # Written ahead again: u2 is still uncertain, and u1's delete is on its way.
     assert batch.ahead == [Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")]
+
+
+# -- commits of many keys --------------------------------------------------------
+
+
+def test_a_commit_reads_its_digests_from_the_cache_as_the_store_takes_them() -> None:
+    """A commit names its keys; each digest is built only when the store reads it."""
+    built: list[str] = []
+    cache: dict[str, tuple[str, str, str]] = {}
+
+    def digest_of(key: str) -> Digest | None:
+        built.append(key)
+        found = cache.get(key)
+        return None if found is None else Digest(key, *found)
+
+    outbox = Outbox(digest_of, has_digest=cache.__contains__)
+    for i, key in enumerate(("a", "b", "c")):
+        cache[key] = (f"u{key}", str(10 + i), "f")
+        outbox.decide(key, f"u{key}", event(f"u{key}", str(10 + i)), Digest(key, *cache[key]))
+    del cache["b"]  # gone meanwhile (a delete that published nothing of its own)
+    batch = outbox.take(10)
+    assert batch is not None
+    outbox.acknowledged(batch)
+    commit = outbox.checkpoint()
+    assert commit is not None
+    assert built == []  # nothing built for the commit yet
+    assert commit.deletes == ["b"]
+    assert [(d.key, d.resource_version) for d in commit.upserts] == [("a", "10"), ("c", "12")]
+    assert built == ["a", "c"]
+
+
+def test_a_commit_of_many_keys_holds_no_digests() -> None:
+    """20,000 keys to commit: the commit itself holds their names, not their digests
+    (~300 B each, four strings and the digest), which a store builds one at a time."""
+    n = 20_000
+    cache: dict[str, tuple[str, str]] = {}
+
+    def digest_of(key: str) -> Digest | None:
+        # As the pipeline's cache does: a fresh digest from a packed record.
+        uid, rv = cache[key]
+        return Digest(key, uid + "-0000-0000-0000-000000000000", str(int(rv)), rv * 4)
+
+    outbox = Outbox(digest_of, has_digest=cache.__contains__)
+    for i in range(n):
+        key = f"ns/pod-{i}"
+        cache[key] = (f"{i:08d}", f"{10_000_000 + i}")
+        outbox.decide(key, "u", event("u", str(i)), Digest(key, "u", str(i), "f"))
+    while (batch := outbox.take(5_000)) is not None:
+        outbox.acknowledged(batch)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        commit = outbox.checkpoint()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert commit is not None and len(list(commit.upserts)) == n
+    assert held / n < 100, f"{held / n:.0f} B per key"
