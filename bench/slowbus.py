@@ -8,9 +8,11 @@ checkpoint with its write-ahead rows) until every object's event is
 acknowledged and checkpointed. The sink drops the events and acknowledges
 each batch after ``delay`` seconds: *normal* has no delay; *slow* waits
 ``--delay`` per batch, so the bus, not the bridge, sets the pace. Reported:
-peak RSS above the baseline after imports (``VmHWM``), the most events ever
-decided but unacknowledged (bounded by ``max_pending``) and queued in the
-FIFO (bounded by ``max_queued``), and events/s.
+peak RSS above the baseline after imports (``VmHWM``); the steady RSS, once
+everything is acknowledged and checkpointed and the heap is frozen and its
+free pages handed back, as the app does after its first sync; the most events
+ever decided but unacknowledged (bounded by ``max_pending``) and queued in the
+FIFO (bounded by ``max_queued``); and events/s.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
 
     import structlog
 
+    from bridge import gctune
     from bridge.app import object_decoder
     from bridge.changes import ChangeDetector, Fingerprinter
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
@@ -117,6 +120,11 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
                     max_queued = max(max_queued, len(pipeline.informer.fifo))
             elapsed = time.perf_counter() - t0
             peak = _status_kb("VmHWM")
+            # What the app does once the first sync has landed (bridge/app.py): the
+            # heap frozen, free C-heap pages handed back. What stays is the steady state.
+            gctune.freeze()
+            gctune.release_free_memory()
+            steady = _status_kb("VmRSS")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await store.close()
@@ -125,6 +133,7 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
             "published": sink.published,
             "seconds": elapsed,
             "peak_kb": peak,
+            "steady_kb": steady,
             "max_pending": max_pending,
             "max_queued": max_queued,
             "settings_max_pending": settings.max_pending,
@@ -192,9 +201,11 @@ def main(argv: list[str]) -> int:
                     assert best is not None
                     rows.append((mode, bus, delay, best))
                     peak = (best["peak_kb"] - best["baseline_kb"]) * 1024
+                    steady = (best["steady_kb"] - best["baseline_kb"]) * 1024
                     print(
                         f"  {MODE_NAMES[mode]:38s} {bus:6s} bus: peak RSS +{peak / 2**20:,.0f} MiB"
                         f" ({peak / args.objects:,.0f} B per object),"
+                        f" steady +{steady / 2**20:,.0f} MiB ({steady / args.objects:,.0f} B),"
                         f" {args.objects / best['seconds']:,.0f} events/s,"
                         f" at most {best['max_pending']:,} unacknowledged"
                         f" / {best['max_queued']:,} queued",
@@ -207,18 +218,21 @@ def main(argv: list[str]) -> int:
             f"`python -m bench slowbus --objects {args.objects} --delay {args.delay}"
             f" --rounds {args.rounds}` — " + " ".join((__doc__ or "").split("\n\n")[1].split()),
             "",
-            "| list mode | bus | peak RSS above baseline | per object | events/s"
+            "| list mode | bus | peak RSS above baseline | per object | steady RSS above baseline"
+            " | per object | events/s"
             " | most unacknowledged (max_pending) | most queued in the FIFO (max_queued) |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for mode, _bus, delay, r in rows:
             peak = (r["peak_kb"] - r["baseline_kb"]) * 1024
+            steady = (r["steady_kb"] - r["baseline_kb"]) * 1024
             what = (
                 "normal (acks at once)" if not delay else f"slow ({delay * 1000:.0f} ms per batch)"
             )
             lines.append(
                 f"| {MODE_NAMES[mode]} | {what} | {peak / 2**20:,.0f} MiB"
-                f" | {peak / args.objects:,.0f} B | {args.objects / r['seconds']:,.0f}"
+                f" | {peak / args.objects:,.0f} B | {steady / 2**20:,.0f} MiB"
+                f" | {steady / args.objects:,.0f} B | {args.objects / r['seconds']:,.0f}"
                 f" | {r['max_pending']:,} ({r['settings_max_pending']:,})"
                 f" | {r['max_queued']:,} ({r['settings_max_queued']:,}) |"
             )

@@ -56,6 +56,10 @@ from bridge.views import fingerprinter_for
 
 log = get_logger(__name__)
 
+# After the first sync, how long to wait for its events and commits to land before
+# freezing the heap and returning free pages (bridge/gctune.py).
+_SETTLE_AFTER_SYNC = 30.0
+
 
 def build_sink(settings: Settings) -> Sink:
     """The sink the settings ask for (imported lazily: each pulls its own client library)."""
@@ -527,8 +531,21 @@ class BridgeApp:
         """
         while not all(p.has_synced() for p in self.pipelines):
             await asyncio.sleep(0.1)
+        # The sync's last events and commits are still on their way; what they hold
+        # is garbage once they land, and neither frozen nor kept in the heap.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SETTLE_AFTER_SYNC
+        while loop.time() < deadline and any(
+            p.unacknowledged() or p.outbox.dirty for p in self.pipelines
+        ):
+            await asyncio.sleep(0.1)
         gctune.freeze()
-        log.info("gc frozen after the initial sync", frozen=gc.get_freeze_count())
+        trimmed = gctune.release_free_memory()
+        log.info(
+            "gc frozen after the initial sync",
+            frozen=gc.get_freeze_count(),
+            free_heap_returned=trimmed,
+        )
         await asyncio.Event().wait()
 
     async def _notify_ready(self) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import sys
+
+import pytest
 
 from bridge import gctune
 from bridge.settings import InformerSettings
@@ -41,3 +44,27 @@ def test_freeze_moves_live_objects_out_of_the_collectors_sight() -> None:
         assert gc.get_freeze_count() >= len(kept)
     finally:
         gc.unfreeze()
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_free_heap_pages_go_back_to_the_os() -> None:
+    """Event-sized bytes come from malloc: freed in the middle of the heap, their
+    pages stay with the process until the heap is trimmed."""
+    if gctune._malloc_trim() is None:
+        pytest.skip("no malloc_trim in this C library")
+    blocks = [bytes(3_000) + bytes([i % 256]) for i in range(30_000)]  # ~90 MB
+    kept = blocks[::100]  # pins the heap's top, as long-lived objects do
+    del blocks
+    before = _rss_kb()
+    assert gctune.release_free_memory()
+    after = _rss_kb()
+    assert before - after > 40_000, f"{before} kB before, {after} kB after"
+    assert len(kept) == 300
