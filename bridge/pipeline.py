@@ -274,7 +274,7 @@ class ResourcePipeline:
         if obj is None:
             return None
         if not isinstance(obj, dict):
-            return Digest(key, obj.uid, obj.resource_version, obj.fingerprint)
+            return Digest(key, *obj.values())
         fp = obj.get(FINGERPRINT_FIELD)
         if not isinstance(fp, str):
             return self._detector.digest_of(obj)

@@ -154,8 +154,13 @@ def _older(new: CachedObject, old: CachedObject) -> bool:
     etcd serves them as increasing integers (one sequence for all objects);
     anything else is never "older".
     """
+    return _older_version(resource_version(new), resource_version(old))
+
+
+def _older_version(new: str, old: str) -> bool:
+    """``_older`` of two resourceVersions already read."""
     try:
-        return int(resource_version(new)) < int(resource_version(old))
+        return int(new) < int(old)
     except ValueError:
         return False
 
@@ -382,16 +387,19 @@ class SharedInformer:
             log.warning("ignoring a tombstone", informer=self.name, delta_type=str(delta.type))
             return
         old = self.store.get(obj)
-        if old is not None and self._drop_stale and _older(obj, old):
+        if old is None:
+            self.store.update(self._to_stored(obj))
+            for reg in regs:
+                await reg._on_add(obj, is_in_initial_list)
+            return
+        # Each read once: a cache record unpacks its resourceVersion on every read.
+        old_rv, new_rv = resource_version(old), resource_version(obj)
+        if self._drop_stale and _older_version(new_rv, old_rv):
             return
         if obj is not old:
             # A Sync carries the cached record itself: storing it again is a no-op.
             self.store.update(self._to_stored(obj))
-        if old is None:
-            for reg in regs:
-                await reg._on_add(obj, is_in_initial_list)
-            return
-        is_resync = resource_version(old) == resource_version(obj) and not _unconfirmed(old)
+        is_resync = old_rv == new_rv and not _unconfirmed(old)
         for reg in regs:
             if not is_resync or reg._due_resync:
                 await reg._on_update(old, obj)

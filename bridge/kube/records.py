@@ -62,6 +62,8 @@ class Record(Protocol):
     @property
     def name(self) -> str: ...
 
+    def values(self) -> tuple[str, str, str]: ...
+
 
 def _uuid_hex(raw: bytes) -> str:
     h = raw.hex()
@@ -92,6 +94,11 @@ class PackedRecord:
     @property
     def unconfirmed(self) -> bool:
         return bool(self.packed[0] & _UNCONFIRMED)
+
+    def values(self) -> tuple[str, str, str]:
+        """``(uid, resource_version, fingerprint)`` in one unpacking (a checkpoint row)."""
+        _, uid, fingerprint, resource_version = _PACK.unpack(self.packed)
+        return _uuid_hex(uid), str(resource_version), fingerprint.hex()
 
     @property
     def namespace(self) -> str:
@@ -144,6 +151,9 @@ class LooseRecord:
     @property
     def name(self) -> str:
         return self.key.rpartition("/")[2]
+
+    def values(self) -> tuple[str, str, str]:
+        return self.uid, self.resource_version, self.fingerprint
 
     def confirmed(self) -> LooseRecord:
         if not self.unconfirmed:
