@@ -246,6 +246,16 @@ def _frame(subject: str, reply: str, payload: bytes, headers: dict[str, str] | N
     if not headers:
         head = f"PUB {subject} {reply} {len(payload)}\r\n".encode()
         return b"".join((head, payload, _CRLF))
+    if len(headers) == 1 and MSG_ID in headers:
+        # Every event's frame: one known header, its value cleaned as below. A third
+        # of the general path's cost, paid per event.
+        value = headers[MSG_ID].strip()
+        if "\r" in value or "\n" in value:
+            value = _NOT_IN_HEADER.sub(" ", value)
+        block = f"NATS/1.0\r\n{MSG_ID}: {value}\r\n\r\n".encode()
+        size = len(block)
+        head = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
+        return b"".join((head, block, payload, _CRLF))
     parts = [_HEADER_LINE]
     for key, value in headers.items():
         if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:

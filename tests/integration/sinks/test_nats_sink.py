@@ -252,16 +252,21 @@ async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
                 (f"raw.{cluster}.a", b"one\r\ntwo", {"X-A": "v1", MSG_ID: "id\r\n1"}),
                 (f"raw.{cluster}.b", b"", None),
                 (f"raw.{cluster}.c", b"\x00\xff", {"X-B": " spaced "}),
+                # The id alone (every event's frame) takes a path of its own.
+                (f"raw.{cluster}.d", b"four", {MSG_ID: " id\r\n2 "}),
+                (f"raw.{cluster}.e", b"five", {MSG_ID: "uid:5"}),
             ]
         )
     finally:
         await publisher.stop()
-    assert batch.acked == [True, True, True] and not batch.errors
+    assert batch.acked == [True] * 5 and not batch.errors
     msgs = await stream_messages(client, stream)
-    assert [m.data or b"" for m in msgs] == [b"one\r\ntwo", b"", b"\x00\xff"]
+    assert [m.data or b"" for m in msgs] == [b"one\r\ntwo", b"", b"\x00\xff", b"four", b"five"]
     assert msgs[0].headers == {"X-A": "v1", MSG_ID: "id  1"}
     assert not msgs[1].headers
     assert msgs[2].headers == {"X-B": "spaced"}
+    assert msgs[3].headers == {MSG_ID: "id  2"}
+    assert msgs[4].headers == {MSG_ID: "uid:5"}
 
 
 async def test_server_restart_mid_batch_keeps_per_subject_order(nats_control: NatsServer) -> None:
