@@ -584,7 +584,7 @@ class ResourcePipeline:
                 or self.outbox.dirty >= self.settings.commit_after_keys
             ):
                 self._commit_early.set()
-            if not all(e.announcement for e in batch.entries):
+            if batch.ahead:  # rows written ahead: some change, not only announcements
                 self.last_change_at = self._clock()
             self._room.set()
             self._acked.set()
