@@ -14,10 +14,14 @@ local processes started and stopped here. For each bus:
 
 The ceilings read the same N objects from the emulator as raw JSON (a LIST
 for the initial list, the watch history of the burst for the burst), parse
-each with orjson and publish it without waiting for any ack: core-NATS
-``publish`` then one flush; aiokafka ``send`` without awaiting delivery, then
-one flush. Prints events/s and e2e/ceiling ratios and writes the "End to end"
-section of BENCHMARKS.md (``--no-write`` to skip).
+each with orjson and publish it without waiting for each ack: core-NATS
+``publish`` then one flush (nothing stores or acks it); aiokafka ``send``
+without awaiting each delivery, then one flush (which returns once every batch
+is acknowledged, acks=all). For NATS, a second ceiling publishes the same
+messages into a JetStream stream through the bridge's ``JetStreamPublisher``
+and awaits every PubAck: what the bus's own guarantee costs a minimal reader.
+Prints events/s and e2e/ceiling ratios and writes the "End to end" section of
+BENCHMARKS.md (``--no-write`` to skip).
 """
 
 from __future__ import annotations
@@ -537,7 +541,8 @@ acknowledged (JetStream PubAck with `Nats-Msg-Id` dedup / Kafka acks=all);
 then {args.objects:,} label changes applied to the emulator at once, until checkpointed
 again. *Ceiling*: the same objects read from the emulator as raw JSON (one LIST;
 the burst's watch history), `orjson.loads` each, publish without waiting for
-acks (core-NATS `publish` + one flush / aiokafka `send` + one flush), with
+each ack (core-NATS `publish` + one flush, which nothing stores or acks /
+aiokafka `send` + one flush, which returns once acks=all came for every batch), with
 the cyclic GC paused (it holds all {args.objects:,} parsed objects at once; collections
 walking them made the ceiling swing 3-4x between rounds). The emulator's
 objects are frozen out of the GC (`gc.freeze()`) after loading and after each
