@@ -347,7 +347,8 @@ class InformerSettings(_Section):
     gc_freeze: bool = Field(
         default=True,
         description="Once every resource has synced, move what the process holds out of the"
-        " cyclic GC's sight (gc.freeze): later collections walk only newer objects",
+        " cyclic GC's sight (gc.freeze): later collections walk only newer objects; and hand"
+        " the C heap's free pages back to the OS (glibc's malloc_trim)",
     )
     # Measured (BENCHMARKS.md, "GC"): 50,000 instead of Python's 700 gave +15-50%
     # on an initial list and +50-90% on a burst end to end.
