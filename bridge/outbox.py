@@ -116,8 +116,10 @@ class Commit:
     watermark: str
     upserts: Iterable[Digest]
     deletes: list[str]
-    # key → dirty generation when read; a key changed meanwhile stays dirty.
-    keys: dict[str, int]
+    # The keys it covers, and the outbox's dirty generation when it was read: a
+    # key changed meanwhile has a later one and stays dirty.
+    keys: list[str]
+    generation: int
     observed_at: float | None
 
 
@@ -345,27 +347,28 @@ class Outbox:
             watermark, at = mark.rv, mark.at
         upserts: list[str] = []
         deletes: list[str] = []
-        keys: dict[str, int] = {}
+        keys: list[str] = []
         opened, uncertain, has_digest = self._open, self.uncertain, self._has_digest
-        for key, generation in self._dirty.items():
+        for key in self._dirty:
             if key in opened or key in uncertain:
                 continue  # its write-ahead row stands until the ack
             if has_digest(key):
                 upserts.append(key)
             else:
                 deletes.append(key)
-            keys[key] = generation
+            keys.append(key)
         if watermark == self.committed_watermark and not keys:
             return None
         self._committing_since = at
-        return Commit(watermark, CachedDigests(upserts, self._digest_of), deletes, keys, at)
+        digests = CachedDigests(upserts, self._digest_of)
+        return Commit(watermark, digests, deletes, keys, self._generation, at)
 
     def committed(self, commit: Commit) -> None:
         self.committed_watermark = commit.watermark
         self._committing_since = None
-        dirty = self._dirty
-        for key, generation in commit.keys.items():
-            if dirty.get(key) == generation:
+        dirty, read_at = self._dirty, commit.generation
+        for key in commit.keys:
+            if dirty.get(key, read_at + 1) <= read_at:
                 del dirty[key]
 
     def commit_failed(self, commit: Commit) -> None:

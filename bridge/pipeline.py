@@ -84,10 +84,11 @@ class PipelineSettings:
     # commit, so a trickle of events does not commit once per event. None: ticks only.
     drained_commit_after: float | None = 0.1
     # Once this many keys await their checkpoint rows, commit then too (after the
-    # same minimum): a commit's rows, the store's encoding of them and SQLite's
-    # work on them grow with its keys. Every second at 25k events/s, a commit
-    # covered ~33k keys, and made a third of a 100k-pod first sync's peak.
-    commit_after_keys: int = 4096
+    # same minimum): what a commit holds while the store writes it grows with its
+    # keys (names, then their rows' JSON, ~170 B per key). Not much lower: while
+    # a commit runs, the next batch's write-ahead waits for the store, and at 4,096
+    # a burst of 10k updates ran 10-15% slower (bench e2e) for no lower peak.
+    commit_after_keys: int = 16_384
     # At most this many events per publish; a batch is whatever was decided
     # while the previous one was being written ahead and published.
     max_batch: int = 500

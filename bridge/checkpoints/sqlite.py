@@ -206,16 +206,16 @@ class SqliteCheckpointStore:
         down_json = orjson.dumps(down) if down else None
 
         def _commit(conn: sqlite3.Connection) -> None:
-            if up_json is not None and down_json is None and resource_version is None:
+            if len(up_json) == 1 and down_json is None and resource_version is None:
                 # A write-ahead batch: one statement is its own transaction, one step.
-                conn.execute(_UPSERT_ROWS, (resource_id, up_json))
+                conn.execute(_UPSERT_ROWS, (resource_id, up_json[0]))
                 return
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if down_json is not None:
                     conn.execute(_DELETE_ROWS, (resource_id, down_json))
-                if up_json is not None:
-                    conn.execute(_UPSERT_ROWS, (resource_id, up_json))
+                for rows in up_json:
+                    conn.execute(_UPSERT_ROWS, (resource_id, rows))
                 if resource_version is not None:
                     conn.execute(
                         "INSERT OR REPLACE INTO watermarks (resource_id, resource_version)"
@@ -237,17 +237,30 @@ class SqliteCheckpointStore:
         self._release_process_lock()
 
 
-def _rows_json(upserts: Iterable[Digest]) -> bytearray | None:
-    """``upserts`` as the JSON array of rows ``_UPSERT_ROWS`` expands, None if empty."""
+# Rows per upsert statement: SQLite parses a statement's whole JSON text at once,
+# so a commit of many keys goes as several statements in its one transaction.
+_ROWS_PER_STATEMENT = 1_000
+
+
+def _rows_json(upserts: Iterable[Digest]) -> list[bytearray]:
+    """``upserts`` as JSON arrays of rows for ``_UPSERT_ROWS``, at most
+    ``_ROWS_PER_STATEMENT`` rows each (none if there are no upserts)."""
+    chunks: list[bytearray] = []
     buf = bytearray(b"[")
+    rows = 0
     dumps = orjson.dumps
     for d in upserts:
         buf += dumps((d.key, d.uid, d.resource_version, d.fingerprint, d.state, d.prior))
         buf += b","
-    if len(buf) == 1:
-        return None
-    buf[-1] = 0x5D  # the last "," becomes the closing "]"
-    return buf  # bound as bytes are; a copy would double the peak
+        rows += 1
+        if rows == _ROWS_PER_STATEMENT:
+            buf[-1] = 0x5D  # the last "," becomes the closing "]"
+            chunks.append(buf)
+            buf, rows = bytearray(b"["), 0
+    if rows:
+        buf[-1] = 0x5D
+        chunks.append(buf)
+    return chunks  # bound as bytes are; a copy would double the peak
 
 
 def _require_json(conn: sqlite3.Connection) -> None:

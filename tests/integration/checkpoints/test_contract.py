@@ -150,3 +150,20 @@ async def test_the_last_row_of_a_key_in_one_commit_wins(make: Factory) -> None:
     )
     cp = await store.load("r")
     assert cp is not None and cp.digests == {"a": Digest("a", "ua", "4", "g")}
+
+
+async def test_a_commit_of_many_keys_is_written_whole_in_order(make: Factory) -> None:
+    """More rows than one SQLite statement takes: every row lands, in order (a key's
+    later row wins across statements), with the watermark, in one transaction."""
+    rows = [Digest(f"ns/p{i}", f"u{i}", str(100 + i), "f") for i in range(2_500)]
+    rows[1_500] = Digest("ns/p10", "u10", "9999", "g")  # a later row of p10, another statement
+    store = make()
+    await store.open()
+    await store.commit("r", None, [Digest("ns/gone", "ug", "1", "f", UNCERTAIN)], [])
+    await store.commit("r", "9999", rows, ["ns/gone"])
+    store = await reopen(make, store)
+    cp = await store.load("r")
+    assert cp is not None and cp.resource_version == "9999"
+    assert len(cp.digests) == 2_499 and "ns/gone" not in cp.digests
+    assert cp.digests["ns/p10"] == Digest("ns/p10", "u10", "9999", "g")
+    assert cp.digests["ns/p2499"] == Digest("ns/p2499", "u2499", "2599", "f")
