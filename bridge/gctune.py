@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 from collections.abc import Callable, Iterator
 
@@ -56,12 +55,13 @@ def freeze() -> None:
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None on a C library without it (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``malloc_trim``, or None on a C library without it (musl, macOS).
+
+    Looked up among the symbols the interpreter already has loaded (its C
+    library's among them), so nothing is searched for on disk.
+    """
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     return trim
