@@ -32,8 +32,14 @@ from bridge.kube.objects import (
     meta,
     namespace_key,
 )
+from bridge.kube.rawjson import MANAGED_FIELDS_READ
 
 ALWAYS_IGNORED = ("metadata.resourceVersion", "metadata.managedFields")
+
+# Objects keep ``metadata.managedFields`` as the server's bytes unless something reads
+# inside it (bridge/kube/rawjson.py): a reader's ``reads()`` then names
+# ``MANAGED_FIELDS_READ``.
+MANAGED_FIELDS = ("metadata", "managedFields")
 
 # A slim store record carries its fingerprint next to the metadata.
 FINGERPRINT_FIELD = "fingerprint"
@@ -89,8 +95,22 @@ def compile_paths(paths: list[str] | tuple[str, ...]) -> PathNode:
 
 
 def top_keys(node: PathNode) -> frozenset[str] | None:
-    """The top-level keys a trie reaches into; None if it picks list positions at the top."""
-    return None if node.indexes else frozenset(node.keys)
+    """The top-level keys a trie reaches into; None if it picks list positions at the top,
+    plus ``MANAGED_FIELDS_READ`` if it reaches inside ``metadata.managedFields``."""
+    if node.indexes:
+        return None
+    keys = frozenset(node.keys)
+    return keys | {MANAGED_FIELDS_READ} if reaches_inside(node, MANAGED_FIELDS) else keys
+
+
+def reaches_inside(node: PathNode, path: tuple[str, ...]) -> bool:
+    """Whether the trie has a path that goes below ``path`` (not just to it)."""
+    for step in path:
+        child = node.keys.get(step)
+        if child is None:
+            return False
+        node = child
+    return bool(node.keys or node.indexes)
 
 
 def compile_ignore_paths(paths: list[str]) -> PathNode:

@@ -30,8 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bridge.changes import MANAGED_FIELDS
 from bridge.errors import ConfigError
 from bridge.kube.objects import RawObject
+from bridge.kube.rawjson import MANAGED_FIELDS_READ
 from bridge.logging import get_logger
 
 log = get_logger(__name__)
@@ -133,6 +135,10 @@ class Filter:
             if paths is None:
                 return None
             keys.update(path[0] for path in paths)
+            # The expression's input is parsed values: metadata whole, or anything of
+            # managedFields, needs managedFields parsed too.
+            if any(p[:2] == MANAGED_FIELDS or p == MANAGED_FIELDS[:1] for p in paths):
+                keys.add(MANAGED_FIELDS_READ)
         return frozenset(keys)
 
     def _view(self, var: str, obj: RawObject | None) -> Any:

@@ -31,11 +31,11 @@ from typing import Any
 
 import msgspec
 import orjson
-from msgspec import Raw
+from msgspec import UNSET, Raw
 
 from bridge.kube.objects import RawObject, WatchEvent
 
-__all__ = ["ALWAYS_PARSED", "IncompleteJSON", "ObjectDecoder"]
+__all__ = ["ALWAYS_PARSED", "MANAGED_FIELDS_READ", "IncompleteJSON", "ObjectDecoder"]
 
 # What the informer, the reflector and every event read of any object.
 ALWAYS_PARSED = frozenset(("apiVersion", "kind", "metadata"))
@@ -65,6 +65,54 @@ class _Object(msgspec.Struct, forbid_unknown_fields=True):
 
 _RAW_FIELDS = ("spec", "status", "data", "binaryData", "stringData", "type", "immutable")
 
+# A reader that looks inside metadata.managedFields names this in ``reads()``
+# (bridge/changes.py); otherwise they stay the server's bytes.
+MANAGED_FIELDS_READ = "metadata.managedFields"
+
+
+class _Meta(msgspec.Struct, forbid_unknown_fields=True):
+    """ObjectMeta in the API server's field order, ``managedFields`` left as bytes.
+
+    Real objects carry 1-3 KB of managedFields that nothing here reads: the
+    fingerprint strips them and events write them out as they came. On a
+    4.3 KB pod line with 1.4 KB of them, decoding took 4.6 µs this way against
+    8.0 µs with metadata parsed whole. Any other key takes the whole-metadata path.
+    """
+
+    name: Any = UNSET
+    generateName: Any = UNSET
+    namespace: Any = UNSET
+    selfLink: Any = UNSET
+    uid: Any = UNSET
+    resourceVersion: Any = UNSET
+    generation: Any = UNSET
+    creationTimestamp: Any = UNSET
+    deletionTimestamp: Any = UNSET
+    deletionGracePeriodSeconds: Any = UNSET
+    labels: Any = UNSET
+    annotations: Any = UNSET
+    ownerReferences: Any = UNSET
+    finalizers: Any = UNSET
+    managedFields: Raw = _EMPTY
+
+
+_META_FIELDS = _Meta.__struct_fields__[:-1]  # all but managedFields, in order
+
+
+class _ObjectMeta(_Object, forbid_unknown_fields=True):
+    """``_Object`` whose metadata keeps its managedFields as bytes."""
+
+    metadata: _Meta | None = None  # type: ignore[assignment]
+
+
+class _LineMeta(msgspec.Struct):
+    type: str
+    object: _ObjectMeta
+
+
+# Failed first attempts a decoder makes before it stops trying (once they outnumber hits).
+_MISSES_ALLOWED = 16
+
 
 class _Line(msgspec.Struct):
     type: str
@@ -88,7 +136,19 @@ class ObjectDecoder:
     """Decodes objects of one resource, parsing only the top-level keys in ``parsed``
     (``apiVersion``, ``kind`` and ``metadata`` always)."""
 
-    __slots__ = ("_any", "_line", "_line_raw", "_object", "_parsed_fields", "_raw_fields", "parsed")
+    __slots__ = (
+        "_any",
+        "_line",
+        "_line_meta",
+        "_line_raw",
+        "_meta_hits",
+        "_meta_misses",
+        "_object",
+        "_object_meta",
+        "_parsed_fields",
+        "_raw_fields",
+        "parsed",
+    )
 
     def __init__(self, parsed: Iterable[str] = ()) -> None:
         self.parsed = frozenset(parsed) | ALWAYS_PARSED
@@ -99,6 +159,15 @@ class ObjectDecoder:
         self._line = msgspec.json.Decoder(_Line)
         self._line_raw = msgspec.json.Decoder(_LineRaw)
         self._any = msgspec.json.Decoder(dict[str, Raw])
+        # ObjectMeta with its managedFields as bytes, when no reader looks inside them
+        # (else None). Tried first: objects from a real API server all carry them.
+        raw_managed = MANAGED_FIELDS_READ not in self.parsed
+        self._object_meta = msgspec.json.Decoder(_ObjectMeta) if raw_managed else None
+        self._line_meta = msgspec.json.Decoder(_LineMeta) if raw_managed else None
+        # Objects of other shapes (Events, RBAC rules, ...) fail that first attempt:
+        # a resource whose objects keep failing it stops making it.
+        self._meta_hits = 0
+        self._meta_misses = 0
 
     def __repr__(self) -> str:
         return f"ObjectDecoder(parsed={sorted(self.parsed)})"
@@ -106,6 +175,14 @@ class ObjectDecoder:
     def object(self, data: bytes | bytearray | memoryview) -> RawObject:
         """One object (a LIST item). ``ValueError`` if it is not a JSON object,
         ``IncompleteJSON`` if the bytes end inside it."""
+        if self._object_meta is not None:
+            try:
+                decoded = self._object_meta.decode(data)
+            except ValueError:
+                self._missed()  # another shape, or incomplete: the paths below say which
+            else:
+                self._meta_hits += 1
+                return self._from_struct(decoded)
         try:
             return self._from_struct(self._object.decode(data))
         except msgspec.ValidationError:
@@ -116,6 +193,15 @@ class ObjectDecoder:
     def watch_event(self, line: bytes) -> WatchEvent:
         """One watch line: ``{"type": ..., "object": ...}``. An ``ERROR`` line's Status
         (and anything not shaped like a watch event) is parsed whole."""
+        if self._line_meta is not None:
+            try:
+                with_meta = self._line_meta.decode(line)
+            except ValueError:
+                self._missed()  # another shape: the paths below say which
+            else:
+                if with_meta.type != "ERROR":
+                    self._meta_hits += 1
+                    return {"type": with_meta.type, "object": self._from_struct(with_meta.object)}
         try:
             decoded = self._line.decode(line)
         except msgspec.ValidationError:
@@ -136,14 +222,29 @@ class ObjectDecoder:
             pass
         return orjson.loads(line)
 
-    def _from_struct(self, o: _Object) -> RawObject:
+    def _missed(self) -> None:
+        self._meta_misses += 1
+        if self._meta_misses > _MISSES_ALLOWED and self._meta_misses > self._meta_hits:
+            self._object_meta = self._line_meta = None
+
+    def _from_struct(self, o: _Object | _ObjectMeta) -> RawObject:
         out: RawObject = {}
         if o.apiVersion is not None:
             out["apiVersion"] = o.apiVersion
         if o.kind is not None:
             out["kind"] = o.kind
-        if o.metadata is not None:
-            out["metadata"] = o.metadata
+        md = o.metadata
+        if type(md) is _Meta:
+            parsed: dict[str, Any] = {}
+            for name in _META_FIELDS:
+                value = getattr(md, name)
+                if value is not UNSET:
+                    parsed[name] = value
+            if md.managedFields:
+                parsed["managedFields"] = orjson.Fragment(bytes(md.managedFields))
+            out["metadata"] = parsed
+        elif md is not None:
+            out["metadata"] = md
         fragment = orjson.Fragment
         for name in self._raw_fields:
             value = getattr(o, name)

@@ -14,9 +14,13 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.changes import Fingerprinter
+from bridge.app import object_decoder
+from bridge.changes import Change, ChangeKind, Fingerprinter
+from bridge.events import REDACTED, EventBuilder
+from bridge.filters import Filter
 from bridge.kube.liststream import ListSplitter
-from bridge.kube.rawjson import IncompleteJSON, ObjectDecoder
+from bridge.kube.rawjson import MANAGED_FIELDS_READ, IncompleteJSON, ObjectDecoder
+from bridge.views import fingerprinter_for
 
 # As a Go API server writes it: HTML characters escaped, U+2028 escaped, non-ASCII raw.
 SERVER_POD = (
@@ -174,3 +178,82 @@ class TestListSplitterWithTheDecoder:
             for i in range(0, len(body), 40):
                 splitter.feed(body[i : i + 40])
             splitter.close()
+
+
+class TestManagedFields:
+    """``metadata.managedFields`` (1-3 KB on real objects) stay the server's bytes
+    unless a reader looks inside them."""
+
+    def test_kept_as_bytes_in_the_servers_order(self) -> None:
+        obj = ObjectDecoder().watch_event(watch_line(SERVER_POD))["object"]
+        md = obj["metadata"]
+        assert isinstance(md["managedFields"], orjson.Fragment)
+        assert list(md) == [
+            "name", "namespace", "uid", "resourceVersion", "labels", "managedFields"
+        ]  # fmt: skip
+        assert orjson.loads(orjson.dumps(obj)) == orjson.loads(SERVER_POD)
+        assert orjson.dumps(ObjectDecoder().object(SERVER_POD)) == orjson.dumps(obj)
+
+    def test_the_fingerprint_is_that_of_the_whole_object(self) -> None:
+        fp = Fingerprinter()
+        lazy = ObjectDecoder().object(SERVER_POD)
+        parsed = ObjectDecoder({MANAGED_FIELDS_READ}).object(SERVER_POD)
+        assert isinstance(parsed["metadata"]["managedFields"], list)
+        assert fp.fingerprint(lazy) == fp.fingerprint(parsed)
+        without = SERVER_POD.replace(
+            b',"managedFields":[{"manager":"kubectl","time":"2026-01-01T00:00:00Z"}]', b""
+        )
+        assert without != SERVER_POD
+        assert fp.fingerprint(lazy) == fp.fingerprint(ObjectDecoder().object(without))
+
+    def test_an_unknown_metadata_key_parses_metadata_whole(self) -> None:
+        odd = SERVER_POD.replace(b'"labels":', b'"clusterName":"old","labels":')
+        obj = ObjectDecoder().object(odd)
+        assert obj["metadata"]["clusterName"] == "old"
+        assert isinstance(obj["metadata"]["managedFields"], list)
+        assert orjson.loads(orjson.dumps(obj)) == orjson.loads(odd)
+
+    def test_readers_that_look_inside_say_so(self) -> None:
+        def looks(reads: frozenset[str] | None) -> bool:
+            assert reads is not None
+            return MANAGED_FIELDS_READ in reads
+
+        assert not looks(Fingerprinter().reads())
+        assert not looks(Fingerprinter(["metadata.managedFields"]).reads())
+        assert looks(Fingerprinter(["metadata.managedFields.time"]).reads())
+        assert looks(fingerprinter_for(trigger=["metadata.managedFields.manager"]).reads())
+        assert looks(builder(mask_paths=["metadata.managedFields.manager"]).reads())
+        assert not looks(builder(mask_paths=["metadata.annotations"]).reads())
+        assert looks(Filter("object.metadata.managedFields.size() > 0").reads())
+        assert looks(Filter("has(object.metadata.uid) && object.metadata != null").reads())
+        assert not looks(Filter("object.metadata.name == 'web'").reads())
+
+    def test_a_mask_inside_them_applies(self) -> None:
+        b = builder(mask_paths=["metadata.managedFields.manager"])
+        decoder = object_decoder(Fingerprinter(), b, None)
+        assert decoder is not None
+        obj = decoder.watch_event(watch_line(SERVER_POD))["object"]
+        event = b.build(Change(ChangeKind.MODIFIED, obj, "default/web"))
+        managed = orjson.loads(event.to_json())["data"]["object"]["metadata"]["managedFields"]
+        assert managed == [{"manager": REDACTED, "time": "2026-01-01T00:00:00Z"}]
+
+
+def builder(**kwargs: Any) -> EventBuilder:
+    return EventBuilder(cluster="c", group="", version="v1", kind="Pod", plural="pods", **kwargs)
+
+
+def test_a_resource_of_another_shape_stops_trying_the_metadata_struct() -> None:
+    """Events (top-level keys of their own) fail the first attempt every time: after a
+    few, the decoder stops making it; Pods keep it. Both decode the same either way."""
+    event = (
+        b'{"kind":"Event","apiVersion":"v1","metadata":{"name":"e","managedFields":[]},'
+        b'"involvedObject":{"kind":"Pod","name":"web"},"reason":"Started"}'
+    )
+    events, pods = ObjectDecoder(), ObjectDecoder()
+    for _ in range(40):
+        assert orjson.loads(orjson.dumps(events.object(event))) == orjson.loads(event)
+        assert orjson.loads(orjson.dumps(pods.object(SERVER_POD))) == orjson.loads(SERVER_POD)
+    assert events._object_meta is None and events._line_meta is None
+    assert pods._object_meta is not None
+    line = watch_line(event)
+    assert orjson.loads(orjson.dumps(events.watch_event(line)["object"])) == orjson.loads(event)
