@@ -257,3 +257,20 @@ def test_a_resource_of_another_shape_stops_trying_the_metadata_struct() -> None:
     assert pods._object_meta is not None
     line = watch_line(event)
     assert orjson.loads(orjson.dumps(events.watch_event(line)["object"])) == orjson.loads(event)
+
+
+def test_after_a_run_without_managed_fields_plain_dicts_come_first() -> None:
+    """Objects that carry no managedFields (an emulator's) skip the struct after a
+    run of them; the first object with managedFields brings it back."""
+    bare = SERVER_POD.replace(
+        b',"managedFields":[{"manager":"kubectl","time":"2026-01-01T00:00:00Z"}]', b""
+    )
+    decoder = ObjectDecoder()
+    for _ in range(20):
+        assert orjson.loads(orjson.dumps(decoder.object(bare))) == orjson.loads(bare)
+    assert not decoder._meta_first
+    first = decoder.object(SERVER_POD)  # parsed this once, and the struct comes back
+    assert isinstance(first["metadata"]["managedFields"], list)
+    again = decoder.watch_event(watch_line(SERVER_POD))["object"]
+    assert isinstance(again["metadata"]["managedFields"], orjson.Fragment)
+    assert orjson.dumps(first) == orjson.dumps(again)
