@@ -253,17 +253,16 @@ def _frame(subject: str, reply: str, payload: bytes, headers: dict[str, str] | N
         if "\r" in value or "\n" in value:
             value = _NOT_IN_HEADER.sub(" ", value)
         block = f"NATS/1.0\r\n{MSG_ID}: {value}\r\n\r\n".encode()
-        size = len(block)
-        head = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
-        return b"".join((head, block, payload, _CRLF))
-    parts = [_HEADER_LINE]
-    for key, value in headers.items():
-        if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:
-            raise nats.errors.BadHeaderError(key)
-        parts.append(f"{key}: {_NOT_IN_HEADER.sub(' ', value.strip())}\r\n".encode())
-    parts.append(_CRLF)
-    block = b"".join(parts)
-    head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(payload)}\r\n".encode()
+    else:
+        parts = [_HEADER_LINE]
+        for key, value in headers.items():
+            if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:
+                raise nats.errors.BadHeaderError(key)
+            parts.append(f"{key}: {_NOT_IN_HEADER.sub(' ', value.strip())}\r\n".encode())
+        parts.append(_CRLF)
+        block = b"".join(parts)
+    size = len(block)
+    head = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
     return b"".join((head, block, payload, _CRLF))
 
 
