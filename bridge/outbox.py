@@ -42,6 +42,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -92,18 +93,18 @@ class CachedDigests:
     ``Outbox.checkpoint``), so what they read is the state at the checkpoint.
     """
 
-    __slots__ = ("_digest_of", "_keys")
+    __slots__ = ("_digest_of", "keys")
 
     def __init__(self, keys: list[str], digest_of: Callable[[str], Digest | None]) -> None:
-        self._keys = keys
+        self.keys = keys
         self._digest_of = digest_of
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self.keys)
 
     def __iter__(self) -> Iterator[Digest]:
         digest_of = self._digest_of
-        for key in self._keys:
+        for key in self.keys:
             digest = digest_of(key)
             if digest is not None:
                 yield digest
@@ -114,13 +115,17 @@ class Commit:
     """One checkpoint step: the watermark and the keys that became certain (or gone)."""
 
     watermark: str
-    upserts: Iterable[Digest]
+    upserts: CachedDigests
     deletes: list[str]
-    # The keys it covers, and the outbox's dirty generation when it was read: a
-    # key changed meanwhile has a later one and stays dirty.
-    keys: list[str]
+    # The outbox's dirty generation when it read its keys: a key changed meanwhile
+    # has a later one and stays dirty.
     generation: int
     observed_at: float | None
+
+    @property
+    def keys(self) -> Iterator[str]:
+        """The keys it covers: those it upserts, then those it deletes."""
+        return itertools.chain(self.upserts.keys, self.deletes)
 
 
 @dataclass(slots=True)
@@ -347,7 +352,6 @@ class Outbox:
             watermark, at = mark.rv, mark.at
         upserts: list[str] = []
         deletes: list[str] = []
-        keys: list[str] = []
         opened, uncertain, has_digest = self._open, self.uncertain, self._has_digest
         for key in self._dirty:
             if key in opened or key in uncertain:
@@ -356,12 +360,11 @@ class Outbox:
                 upserts.append(key)
             else:
                 deletes.append(key)
-            keys.append(key)
-        if watermark == self.committed_watermark and not keys:
+        if watermark == self.committed_watermark and not upserts and not deletes:
             return None
         self._committing_since = at
         digests = CachedDigests(upserts, self._digest_of)
-        return Commit(watermark, digests, deletes, keys, self._generation, at)
+        return Commit(watermark, digests, deletes, self._generation, at)
 
     def committed(self, commit: Commit) -> None:
         self.committed_watermark = commit.watermark
