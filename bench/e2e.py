@@ -369,7 +369,12 @@ async def bench_bus(
         sink = NatsSink([address])
     else:
         sink = KafkaSink([address], topic=f"bench-e2e-{round_}", enable_idempotence=False)
-    settings = PipelineSettings(flush_interval=args.flush_interval, max_batch=args.max_batch)
+    settings = PipelineSettings(
+        flush_interval=args.flush_interval,
+        max_batch=args.max_batch,
+        max_pending_bytes=args.max_pending_bytes,
+        commit_after_keys=args.commit_after_keys,
+    )
     profiler = cProfile.Profile() if args.profile and bus in args.profile_bus else None
     if profiler is not None:
         profiler.enable()
@@ -581,6 +586,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--bus", default="nats,kafka", help="comma-separated: nats, kafka")
     parser.add_argument("--max-batch", type=int, default=PipelineSettings().max_batch)
+    parser.add_argument(
+        "--max-pending-bytes", type=int, default=PipelineSettings().max_pending_bytes
+    )
+    parser.add_argument(
+        "--commit-after-keys", type=int, default=PipelineSettings().commit_after_keys
+    )
     parser.add_argument("--flush-interval", type=float, default=PipelineSettings().flush_interval)
     parser.add_argument("--profile", default="", help="cProfile the e2e runs into FILE.<bus>")
     parser.add_argument("--profile-bus", default="nats,kafka")

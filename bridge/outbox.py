@@ -167,6 +167,7 @@ class Outbox:
         self._clock = clock
         self._queue: deque[Entry] = deque()
         self._next_seq = 1
+        self._unacked_bytes = 0
         self.taken_seq = 0  # every seq ≤ this was handed out by ``take``
         self.acked_seq = 0  # every seq ≤ this was acknowledged by the bus
         self._open: dict[str, _Open] = {}
@@ -200,6 +201,11 @@ class Outbox:
         return self._next_seq - 1 - self.acked_seq
 
     @property
+    def unacknowledged_bytes(self) -> int:
+        """The encoded size of the unacknowledged events (those sealed when decided)."""
+        return self._unacked_bytes
+
+    @property
     def last_seq(self) -> int:
         return self._next_seq - 1
 
@@ -228,6 +234,7 @@ class Outbox:
         self._next_seq += 1
         entry = Entry(seq, key, uid, event, digest)
         self._queue.append(entry)
+        self._unacked_bytes += len(event.encoded)
         state = self._open.get(key)
         if state is None:
             state = self._open[key] = _Open()
@@ -249,6 +256,7 @@ class Outbox:
         self._next_seq += 1
         entry = Entry(seq, key, uid, event, None, announcement=True)
         self._queue.append(entry)
+        self._unacked_bytes += len(event.encoded)
         return entry
 
     def touch(self, key: str) -> None:
@@ -331,6 +339,7 @@ class Outbox:
                 f" (acknowledged up to {self.acked_seq})"
             )
         acked = self.acked_seq = batch.last_seq
+        self._unacked_bytes -= sum([len(e.event.encoded) for e in batch.entries])
         for key in {e.key for e in batch.entries}:
             state = self._open.get(key)
             if state is None:

@@ -98,6 +98,14 @@ class PipelineSettings:
     # batches: 4096 held ~7 MiB more at a 100k-pod first sync (bench slowbus) and
     # was no faster, with a bus that acks at once or one taking 100 ms per batch.
     max_pending: int = 2048
+    # ... and so do decided events whose encoded size adds up to this many bytes:
+    # what they hold grows with the objects, not their number (2048 ConfigMaps of
+    # 500 KB would be 1 GB). One event larger than this still goes, alone. While
+    # a checkpoint commit holds the store, write-aheads wait and events pile up to
+    # this bound: at a 100k-pod first sync 2 MiB peaked at 295-306 B per object,
+    # 4 MiB at 321-339 B (bench slowbus), and 1 MiB (less than one 500-event
+    # batch of 2.8 KB pods) cut bursts by a quarter (bench e2e).
+    max_pending_bytes: int = 2 << 20
     retry_initial: float = 0.5
     retry_cap: float = 30.0
     # Events waiting while nothing is acknowledged for this long: not-ready.
@@ -530,7 +538,11 @@ class ResourcePipeline:
         self._decided.set()
 
     async def _wait_for_room(self) -> None:
-        while self.outbox.unacknowledged >= self.settings.max_pending:
+        s, outbox = self.settings, self.outbox
+        while (
+            outbox.unacknowledged >= s.max_pending
+            or outbox.unacknowledged_bytes >= s.max_pending_bytes
+        ):
             self._room.clear()
             await self._room.wait()
 

@@ -125,6 +125,10 @@ class SqliteCheckpointStore:
                 # NORMAL in WAL mode is durable across process crashes; only a power
                 # loss can drop the last commits, which then replay as redeliveries.
                 conn.execute("PRAGMA synchronous=NORMAL")
+                # The page cache is per connection and lives as long as it does; the
+                # table is written in batches of rows, whose pages the OS caches
+                # anyway. 512 KiB, not the default 2 MiB, at no measured cost.
+                conn.execute("PRAGMA cache_size=-512")
                 _require_json(conn)
                 conn.executescript(_SCHEMA)
                 have = {row[1] for row in conn.execute("PRAGMA table_info(digests)")}

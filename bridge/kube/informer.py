@@ -214,7 +214,9 @@ class SharedInformer:
         self.store = Indexer(key_func=namespace_key, indexers=indexers, by_namespace=by_namespace)
         if initial_objects:
             self.store.replace(
-                (self._to_stored(obj) for obj in initial_objects), initial_resource_version or ""
+                (self._to_stored(obj) for obj in initial_objects),
+                initial_resource_version or "",
+                expected=len(initial_objects),
             )
         fifo_cls = RealFIFO if fifo == "real" else DeltaFIFO
         self.fifo: RealFIFO | DeltaFIFO = fifo_cls(

@@ -8,9 +8,10 @@ object; at a million objects that is the bridge's whole memory budget.
 A ``PackedRecord`` is the key plus ``packed``, one 41-byte ``bytes``: a flags
 byte, the uid as 16 raw bytes, the fingerprint as 16 raw bytes and the
 resourceVersion as an unsigned 64-bit integer. The informer's store
-(bridge/kube/store.py) keeps only ``packed`` under the key it already holds
-(80 B, not tracked by the cyclic GC, so a million cached objects add nothing
-to each collection's work) and hands out a ``PackedRecord`` view when read.
+(bridge/kube/store.py) keeps only the key and ``packed``, many keys to one
+``bytes`` object (bridge/kube/packedtable.py: ~90 B per object, nothing the
+cyclic GC tracks, so a million cached objects add nothing to each
+collection's work), and hands out a ``PackedRecord`` view when read.
 
 Values that do not round-trip through that layout exactly (a uid that is not
 a lowercase canonical UUID, a fingerprint that is not 32 lowercase hex
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeGuard
 
 __all__ = [
+    "PACKED_WIDTH",
     "LooseRecord",
     "PackedRecord",
     "Record",
@@ -36,6 +38,7 @@ __all__ = [
 
 _UNCONFIRMED = 1
 _PACK = struct.Struct(">B16s16sQ")  # flags, uid, fingerprint, resourceVersion
+PACKED_WIDTH = _PACK.size
 
 
 class Record(Protocol):

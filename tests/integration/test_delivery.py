@@ -385,3 +385,40 @@ async def test_a_resync_of_an_uncertain_key_is_not_news(
     assert record is not None
     await p.on_update(record, record)
     assert p.outbox.last_seq == 0 and p.outbox.is_open("default/waiting")
+
+
+async def test_events_waiting_for_the_bus_are_bounded_by_their_bytes(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """A bus that acknowledges nothing: the informer stops deciding once the events
+    waiting for it add up to ``max_pending_bytes``, far below ``max_pending``."""
+    for i in range(20):
+        emulator.create(pod(f"b{i:02d}"))
+    harness.sink = GatedSink(open_batches=0)
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, max_pending=1000, max_pending_bytes=4000)
+    async with running(p):
+        await wait_for(lambda: p.outbox.unacknowledged_bytes >= 4000)
+        await asyncio.sleep(0.3)  # time enough to decide more, were it allowed
+        waiting = p.outbox.unacknowledged
+        size = p.outbox.unacknowledged_bytes / waiting
+        assert p.outbox.unacknowledged_bytes < 4000 + size
+        assert waiting < 20
+        harness.sink.gate.set()
+        await wait_for(lambda: len(harness.sink.events) == 20)
+    assert [e.data["object"]["metadata"]["name"] for e in harness.sink.events] == [
+        f"b{i:02d}" for i in range(20)
+    ]
+
+
+async def test_an_event_larger_than_the_byte_bound_still_goes_alone(
+    harness: Harness, emulator: Emulator
+) -> None:
+    for i in range(5):
+        emulator.create(pod(f"big{i}"))
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, max_pending_bytes=1)
+    async with running(p):
+        await wait_for(lambda: len(harness.sink.events) == 5)
+    # One event at a time: never two waiting for the bus together.
+    assert all(len(batch) == 1 for batch in harness.sink.batches)

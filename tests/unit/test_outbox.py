@@ -6,6 +6,7 @@ from it, as the pipeline's outbox reads them from the informer's store.
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 from dataclasses import dataclass, field
 
@@ -360,3 +361,20 @@ def test_a_commit_of_many_keys_holds_no_digests() -> None:
         tracemalloc.stop()
     assert commit is not None and len(list(commit.upserts)) == n
     assert held / n < 100, f"{held / n:.0f} B per key"
+
+
+def test_unacknowledged_bytes_count_the_encoded_events_until_their_ack() -> None:
+    """What ``max_pending_bytes`` bounds: the encoded size of what waits for the bus."""
+    w = World()
+    sizes = {"a": 300, "b": 5000}
+    for key, size in sizes.items():
+        sealed = dataclasses.replace(event(f"u-{key}", "1"), encoded=b"x" * size)
+        w.outbox.decide(f"ns/{key}", f"u-{key}", sealed, Digest(f"ns/{key}", f"u-{key}", "1", "f"))
+    assert w.outbox.unacknowledged_bytes == 5300
+    batch = w.outbox.take(1)
+    assert batch is not None
+    assert w.outbox.unacknowledged_bytes == 5300  # taken is not acknowledged
+    w.outbox.acknowledged(batch)
+    assert w.outbox.unacknowledged_bytes == 5000
+    w.publish()
+    assert w.outbox.unacknowledged_bytes == 0

@@ -81,7 +81,9 @@ def test_records_are_keyed_and_indexed_by_namespace() -> None:
     store.update(make_record("ns1/a", UID, "8", FP))
     assert store.get_by_key("ns1/a") == make_record("ns1/a", UID, "8", FP)
     assert resource_version(store.get_by_key("ns1/a") or {}) == "8"
-    assert store.list()[0] == make_record("ns1/a", UID, "8", FP)
+    # A packed store lists by bucket, not in insertion order (as client-go's map).
+    assert {r.key: r for r in store.list()}["ns1/a"] == make_record("ns1/a", UID, "8", FP)
+    assert sorted(store.list_keys()) == ["cluster-wide", "ns1/a", "ns2/b"]
     assert store.by_index(NAMESPACE_INDEX, "ns1") == [make_record("ns1/a", UID, "8", FP)]
     store.delete_by_key("ns1/a")
     assert store.list_index_func_values(NAMESPACE_INDEX) == ["", "ns2"]
@@ -138,3 +140,33 @@ def test_bulk_conversion_of_checkpoint_rows_is_make_record(
     rows: list[tuple[str, str, str, str]],
 ) -> None:
     assert list(records_of_rows(rows)) == [make_record(*row) for row in rows]
+
+
+def test_a_key_moves_between_the_packed_table_and_the_dict_with_its_layout() -> None:
+    """Packed records live in the compact table; loose records (and keys the table
+    cannot hold) in a dict. A key is in one of them, whichever layout it has now."""
+    store = Indexer(by_namespace=False)
+    store.update(make_record("ns/a", UID, "5", FP))
+    store.update(make_record("ns/a", "not-a-uuid", "6", FP))  # loose now
+    assert len(store) == 1
+    assert store.get_by_key("ns/a") == make_record("ns/a", "not-a-uuid", "6", FP)
+    store.update(make_record("ns/a", UID, "7", FP))  # packed again
+    assert len(store) == 1
+    assert store.list() == [make_record("ns/a", UID, "7", FP)]
+    store.update(make_record("ns/\0odd", UID, "8", FP))  # a key the table refuses
+    assert store.get_by_key("ns/\0odd") == make_record("ns/\0odd", UID, "8", FP)
+    assert sorted(store.list_keys()) == ["ns/\0odd", "ns/a"]
+    store.delete_by_key("ns/a")
+    store.delete_by_key("ns/\0odd")
+    assert len(store) == 0
+    assert store.list() == []
+
+
+def test_a_restart_fills_the_packed_table_in_bulk_with_the_last_record_of_a_key() -> None:
+    store = Indexer(by_namespace=False)
+    records = [make_record(f"ns/p{i}", str(uuid.uuid4()), str(i + 1), FP) for i in range(3000)]
+    records.append(make_record("ns/p7", UID, "9999", FP))
+    store.replace(records, "10000")
+    assert len(store) == 3000
+    assert store.get_by_key("ns/p7") == make_record("ns/p7", UID, "9999", FP)
+    assert store.get_by_key("ns/p8") == records[8]

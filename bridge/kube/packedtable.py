@@ -1,0 +1,303 @@
+"""A compact map of key to a fixed-width packed state: the slim cache's storage.
+
+A dict of ``str`` to ``bytes`` costs ~200 B per key at 100k keys: two objects
+per entry (the key string and the packed value, 80-90 B each with their
+headers) plus the dict's entry and index. Most of that is per-object
+overhead, so this table amortises it: keys are spread over buckets by hash,
+and each bucket is *one* ``bytes`` object holding its few keys and values,
+
+    count (2 bytes, little-endian) | \\0 key1 \\0 key2 ... \\0 keyN \\0 | value1 ... valueN
+
+so a key costs its UTF-8 bytes, one separator and its value, plus a share of
+a bucket's header: ~95 B per key at 100k keys, none of it visible to the
+cyclic GC.
+
+A lookup hashes the key (which picks the bucket; a key string caches its
+hash), finds ``\\0 key \\0`` with ``bytes.find`` inside the key section (the
+separators make every match a whole key), and counts the separators before
+the match to get the value's index: a few C calls, no per-key Python loop. A write rebuilds the one bucket, a
+few hundred bytes. Buckets grow fourfold once they average four keys, so
+moving keys on growth costs a third of a move per key over the table's life.
+
+Keys holding ``\\0`` cannot be told apart from two keys, and keys that are not
+valid UTF-8 cannot be encoded: ``put`` refuses them, and ``storable`` says in
+advance which keys the table takes.
+Kubernetes object keys (``namespace/name``) always qualify; the caller keeps
+any other key elsewhere.
+
+Iteration order is by bucket, not by insertion, as with client-go's map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+__all__ = ["PackedTable", "storable"]
+
+_SEP = 0
+_MIN_BUCKETS = 64
+_LOAD = 8  # keys per bucket, on average, before the table grows
+_GROWTH = 4
+
+
+def storable(key: str) -> bool:
+    """True if the table can hold ``key``: no NUL, encodable as UTF-8."""
+    if "\0" in key:
+        return False
+    if key.isascii():
+        return True
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class PackedTable:
+    """``key -> value`` for values of exactly ``width`` bytes, packed into buckets."""
+
+    __slots__ = ("_buckets", "_last", "_len", "_mask", "_width")
+
+    def __init__(self, width: int) -> None:
+        self._width = width
+        self._buckets: list[bytes | None] = [None] * _MIN_BUCKETS
+        self._mask = _MIN_BUCKETS - 1
+        self._len = 0
+        # The last key looked up, its bucket's index and bytes and its value's
+        # offset (-1: absent): an informer reads a key's old state and then
+        # writes its new one, and the write then skips the search.
+        self._last: tuple[str, int, bytes | None, int] | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    # -- lookups ------------------------------------------------------------------
+
+    def _locate(self, key: str) -> tuple[int, bytes | None, int]:
+        """The bucket's index, its bytes and the value's offset in them (-1: absent)."""
+        last = self._last
+        if last is not None and last[0] == key and self._buckets[last[1]] is last[2]:
+            return last[1], last[2], last[3]
+        index = hash(key) & self._mask
+        bucket = self._buckets[index]
+        offset = -1
+        if bucket is not None and "\0" not in key:
+            end = len(bucket) - (bucket[0] | bucket[1] << 8) * self._width
+            found = bucket.find(f"\0{key}\0".encode(), 2, end)
+            if found >= 0:
+                offset = end + bucket.count(_SEP, 2, found) * self._width
+        self._last = (key, index, bucket, offset)
+        return index, bucket, offset
+
+    def get(self, key: str) -> bytes | None:
+        # ``_locate`` inlined: this runs several times per event.
+        index = hash(key) & self._mask
+        bucket = self._buckets[index]
+        if bucket is None or "\0" in key:
+            self._last = (key, index, bucket, -1)
+            return None
+        width = self._width
+        end = len(bucket) - (bucket[0] | bucket[1] << 8) * width
+        found = bucket.find(f"\0{key}\0".encode(), 2, end)
+        if found < 0:
+            self._last = (key, index, bucket, -1)
+            return None
+        offset = end + bucket.count(_SEP, 2, found) * width
+        self._last = (key, index, bucket, offset)
+        return bucket[offset : offset + width]
+
+    # -- writes -------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes) -> bool:
+        """Store ``value`` under ``key``; False (and nothing stored) if the table
+        cannot hold this key: one with a NUL, or one UTF-8 cannot encode."""
+        width = self._width
+        if len(value) != width:
+            raise ValueError(f"value of {len(value)} bytes in a table of {width}-byte values")
+        last = self._last
+        if last is not None and last[0] == key and self._buckets[last[1]] is last[2]:
+            _, index, bucket, offset = last
+        else:
+            if not (key.isascii() and "\0" not in key) and not storable(key):
+                return False
+            index, bucket, offset = self._locate(key)
+        if offset >= 0:
+            assert bucket is not None
+            new = bucket[:offset] + value + bucket[offset + width :]
+            self._buckets[index] = new
+            self._last = (key, index, new, offset)
+            return True
+        if bucket is None:
+            new = b"\x01\x00\x00" + key.encode() + b"\x00" + value
+        else:
+            count = bucket[0] | bucket[1] << 8
+            end = len(bucket) - count * width
+            count += 1
+            new = b"".join(
+                (
+                    bytes((count & 0xFF, count >> 8)),
+                    bucket[2:end],
+                    key.encode(),
+                    b"\x00",
+                    bucket[end:],
+                    value,
+                )
+            )
+        self._buckets[index] = new
+        self._last = (key, index, new, len(new) - width)
+        self._len += 1
+        if self._len > _LOAD * len(self._buckets):
+            self._resize(len(self._buckets) * _GROWTH)
+        return True
+
+    def pop(self, key: str) -> bytes | None:
+        """Remove ``key``; its value, or None if it was not there."""
+        index, bucket, offset = self._locate(key)
+        self._last = None
+        if offset < 0:
+            return None
+        assert bucket is not None
+        width = self._width
+        value = bucket[offset : offset + width]
+        count = bucket[0] | bucket[1] << 8
+        self._len -= 1
+        if count == 1:
+            self._buckets[index] = None
+            return value
+        end = len(bucket) - count * width
+        i = (offset - end) // width
+        keys = bucket[3 : end - 1].split(b"\x00")
+        del keys[i]
+        count -= 1
+        self._buckets[index] = b"".join(
+            (
+                bytes((count & 0xFF, count >> 8, _SEP)),
+                b"\x00".join(keys),
+                b"\x00",
+                bucket[end:offset],
+                bucket[offset + width :],
+            )
+        )
+        return value
+
+    def clear(self) -> None:
+        self._buckets = [None] * _MIN_BUCKETS
+        self._mask = _MIN_BUCKETS - 1
+        self._len = 0
+        self._last = None
+
+    def load(self, pairs: Iterable[tuple[str, bytes]], expected: int = 0) -> None:
+        """Add many pairs at once (a restart's checkpoint), sized for ``expected`` keys
+        up front. Into an empty table each bucket is built once. Keys must be
+        storable; a key given twice keeps its last value."""
+        size = len(self._buckets)
+        while size * _LOAD < expected:
+            size *= _GROWTH
+        if self._len:
+            if size != len(self._buckets):
+                self._resize(size)
+            for key, value in pairs:
+                self.put(key, value)
+            return
+        width = self._width
+        mask = size - 1
+        keys: list[list[str] | None] = [None] * size
+        values: list[list[bytes] | None] = [None] * size
+        for key, value in pairs:
+            if len(value) != width:
+                raise ValueError(f"value of {len(value)} bytes in a table of {width}-byte values")
+            index = hash(key) & mask
+            ks = keys[index]
+            if ks is None:
+                keys[index] = [key]
+                values[index] = [value]
+            else:
+                ks.append(key)
+                values[index].append(value)  # type: ignore[union-attr]
+        buckets: list[bytes | None] = [None] * size
+        count = 0
+        for index, ks in enumerate(keys):
+            if ks is None:
+                continue
+            vs = values[index]
+            assert vs is not None
+            if len(ks) > 1 and len(set(ks)) < len(ks):
+                last = dict(zip(ks, vs, strict=True))  # a key given twice: its last value
+                ks, vs = list(last), list(last.values())
+            buckets[index] = _joined("\0".join(ks).encode(), len(ks), vs)
+            count += len(ks)
+        self._buckets, self._mask, self._len, self._last = buckets, mask, count, None
+        while self._len > _LOAD * len(self._buckets):  # more than ``expected`` came
+            self._resize(len(self._buckets) * _GROWTH)
+
+    # -- iteration ------------------------------------------------------------------
+
+    def _entries(self, bucket: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """``(key's UTF-8, value)`` for each key of one bucket."""
+        width = self._width
+        count = bucket[0] | bucket[1] << 8
+        end = len(bucket) - count * width
+        start = 2
+        for i in range(count):
+            stop = bucket.index(b"\x00", start + 1)
+            yield bucket[start + 1 : stop], bucket[end + i * width : end + (i + 1) * width]
+            start = stop
+
+    def keys(self) -> Iterator[str]:
+        width = self._width
+        for bucket in self._buckets:
+            if bucket is not None:
+                count = bucket[0] | bucket[1] << 8
+                for raw in bucket[3 : len(bucket) - count * width - 1].split(b"\x00"):
+                    yield raw.decode()
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        for bucket in self._buckets:
+            if bucket is not None:
+                for raw, value in self._entries(bucket):
+                    yield raw.decode(), value
+
+    __iter__ = keys
+
+    # -- growth ---------------------------------------------------------------------
+
+    def _resize(self, size: int) -> None:
+        """Spread every key over ``size`` buckets, a multiple of the current count.
+
+        Bucket ``i``'s keys can only move to ``i + k * old_size``, so each bucket
+        is split where it stands, one at a time: what the growth holds beyond the
+        new table is one bucket's keys, not a copy of the whole table.
+        """
+        buckets = self._buckets
+        old_size = len(buckets)
+        # Extended in place: a bucket replaced by its split is freed at once.
+        buckets.extend([None] * (size - old_size))
+        mask = size - 1
+        for i in range(old_size):
+            bucket = buckets[i]
+            if bucket is None:
+                continue
+            split: dict[int, tuple[list[bytes], list[bytes]]] = {}
+            for raw, value in self._entries(bucket):
+                index = hash(raw.decode()) & mask
+                group = split.get(index)
+                if group is None:
+                    split[index] = ([raw], [value])
+                else:
+                    group[0].append(raw)
+                    group[1].append(value)
+            if len(split) == 1 and i in split:
+                continue
+            buckets[i] = None
+            for index, (ks, vs) in split.items():
+                buckets[index] = _joined(b"\x00".join(ks), len(ks), vs)
+        self._mask = mask
+        self._last = None
+
+
+def _joined(keys: bytes, count: int, values: list[bytes]) -> bytes:
+    """One bucket's bytes, from its keys joined by NULs and their values in order."""
+    return b"".join((bytes((count & 0xFF, count >> 8, _SEP)), keys, b"\x00", *values))
