@@ -100,12 +100,13 @@ class PipelineSettings:
     max_pending: int = 2048
     # ... and so do decided events whose encoded size adds up to this many bytes:
     # what they hold grows with the objects, not their number (2048 ConfigMaps of
-    # 500 KB would be 1 GB). One event larger than this still goes, alone. While
-    # a checkpoint commit holds the store, write-aheads wait and events pile up to
-    # this bound: at a 100k-pod first sync 2 MiB peaked at 295-306 B per object,
-    # 4 MiB at 321-339 B (bench slowbus), and 1 MiB (less than one 500-event
-    # batch of 2.8 KB pods) cut bursts by a quarter (bench e2e).
-    max_pending_bytes: int = 2 << 20
+    # 500 KB would be 1 GB). One event larger than this still goes, alone. Above
+    # 2048 pods' events (~5.7 MB), so that pods keep four batches in flight: the
+    # sender publishes one batch at a time, and at 2 MiB a bus taking 100 ms per
+    # batch carried 1.9k events/s instead of 4.7k and the LIST outlasted its
+    # pacing deadline (bench slowbus), though a 100k-pod first sync with a bus
+    # that acks at once peaked at ~300 B per object instead of ~350.
+    max_pending_bytes: int = 8 << 20
     retry_initial: float = 0.5
     retry_cap: float = 30.0
     # Events waiting while nothing is acknowledged for this long: not-ready.
