@@ -126,6 +126,11 @@ class Indexer:
         # At most the namespace index, whose value is in the key: the loop a restart
         # runs a million times, inlined.
         self._packed.load(self._loaded(items), expected or operator.length_hint(items))
+        if self._items and self._packed:
+            # A key given packed and then whole: the table was filled after the
+            # dict, so drop what it holds of the dict's keys (the last item wins).
+            for key in self._items:
+                self._packed.pop(key)
 
     def _loaded(self, items: Iterable[CachedObject]) -> Iterator[tuple[str, bytes]]:
         """The table's pairs among ``items``; the rest goes to the dict. Both indexed."""
@@ -140,8 +145,6 @@ class Indexer:
             else:
                 key = namespace_key(obj)
                 stored[key] = obj
-                if self._packed:
-                    self._packed.pop(key)
             if namespaces is not None:
                 ns = key.rpartition("/")[0]
                 keys = namespaces.get(ns)

@@ -170,3 +170,13 @@ def test_a_restart_fills_the_packed_table_in_bulk_with_the_last_record_of_a_key(
     assert len(store) == 3000
     assert store.get_by_key("ns/p7") == make_record("ns/p7", UID, "9999", FP)
     assert store.get_by_key("ns/p8") == records[8]
+
+
+def test_a_restart_listing_a_key_in_both_layouts_keeps_the_last() -> None:
+    loose = make_record("ns/a", "not-a-uuid", "6", FP)
+    packed = make_record("ns/a", UID, "7", FP)
+    for items, last in (([packed, loose], loose), ([loose, packed], packed)):
+        store = Indexer(by_namespace=False)
+        store.replace(items, "7")
+        assert len(store) == 1
+        assert store.list() == [last]
