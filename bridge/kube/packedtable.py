@@ -203,27 +203,16 @@ class PackedTable:
                 self.put(key, value)
             return
         width = self._width
-        mask = size - 1
-        keys: list[list[str] | None] = [None] * size
-        values: list[list[bytes] | None] = [None] * size
-        n = 0
-        for key, value in pairs:
-            if len(value) != width:
-                raise ValueError(f"value of {len(value)} bytes in a table of {width}-byte values")
-            index = hash(key) & mask
-            ks = keys[index]
-            n += 1
-            if ks is None:
-                keys[index] = [key]
-                values[index] = [value]
-            else:
-                ks.append(key)
-                values[index].append(value)  # type: ignore[union-attr]
+        keys, values, n = _grouped(pairs, size, width)
         if n > _LOAD * size:  # more came than ``expected``: spread them wider first
             while size * _LOAD < n:
                 size *= _GROWTH
-            keys, values = _regrouped(keys, values, size)
-            mask = size - 1
+            grouped = zip(keys, values, strict=True)
+            keys, values, _ = _grouped(
+                (pair for ks, vs in grouped if ks and vs for pair in zip(ks, vs, strict=True)),
+                size,
+                width,
+            )
         buckets: list[bytes | None] = [None] * size
         count = 0
         for index, ks in enumerate(keys):
@@ -236,7 +225,7 @@ class PackedTable:
                 ks, vs = list(last), list(last.values())
             buckets[index] = _joined("\0".join(ks).encode(), len(ks), vs)
             count += len(ks)
-        self._buckets, self._mask, self._len, self._last = buckets, mask, count, None
+        self._buckets, self._mask, self._len, self._last = buckets, size - 1, count, None
 
     # -- iteration ------------------------------------------------------------------
 
@@ -303,26 +292,28 @@ class PackedTable:
         self._last = None
 
 
-def _regrouped(
-    keys: list[list[str] | None], values: list[list[bytes] | None], size: int
-) -> tuple[list[list[str] | None], list[list[bytes] | None]]:
-    """Grouped keys and values spread over ``size`` buckets, each key's order kept."""
+def _grouped(
+    pairs: Iterable[tuple[str, bytes]], size: int, width: int
+) -> tuple[list[list[str] | None], list[list[bytes] | None], int]:
+    """Keys and values sorted into ``size`` buckets (each key's order kept), and
+    how many pairs there were."""
     mask = size - 1
-    new_keys: list[list[str] | None] = [None] * size
-    new_values: list[list[bytes] | None] = [None] * size
-    for ks, vs in zip(keys, values, strict=True):
-        if ks is None or vs is None:
-            continue
-        for key, value in zip(ks, vs, strict=True):
-            index = hash(key) & mask
-            group = new_keys[index]
-            if group is None:
-                new_keys[index] = [key]
-                new_values[index] = [value]
-            else:
-                group.append(key)
-                new_values[index].append(value)  # type: ignore[union-attr]
-    return new_keys, new_values
+    keys: list[list[str] | None] = [None] * size
+    values: list[list[bytes] | None] = [None] * size
+    n = 0
+    for key, value in pairs:
+        if len(value) != width:
+            raise ValueError(f"value of {len(value)} bytes in a table of {width}-byte values")
+        index = hash(key) & mask
+        ks = keys[index]
+        n += 1
+        if ks is None:
+            keys[index] = [key]
+            values[index] = [value]
+        else:
+            ks.append(key)
+            values[index].append(value)  # type: ignore[union-attr]
+    return keys, values, n
 
 
 def _joined(keys: bytes, count: int, values: list[bytes]) -> bytes:
