@@ -72,7 +72,15 @@ class PackedTable:
         return self._len
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key) is not None
+        # ``get`` without the value: no count of separators, no slice (asked once
+        # per key of every checkpoint commit).
+        if not isinstance(key, str):
+            return False
+        bucket = self._buckets[hash(key) & self._mask]
+        if bucket is None or "\0" in key:
+            return False
+        end = len(bucket) - (bucket[0] | bucket[1] << 8) * self._width
+        return bucket.find(f"\0{key}\0".encode(), 2, end) >= 0
 
     # -- lookups ------------------------------------------------------------------
 
