@@ -74,10 +74,10 @@ class PackedTable:
     def __contains__(self, key: object) -> bool:
         # ``get`` without the value: no count of separators, no slice (asked once
         # per key of every checkpoint commit).
-        if not isinstance(key, str):
+        if not isinstance(key, str) or not storable(key):
             return False
         bucket = self._buckets[hash(key) & self._mask]
-        if bucket is None or "\0" in key:
+        if bucket is None:
             return False
         end = len(bucket) - (bucket[0] | bucket[1] << 8) * self._width
         return bucket.find(f"\0{key}\0".encode(), 2, end) >= 0
@@ -85,14 +85,17 @@ class PackedTable:
     # -- lookups ------------------------------------------------------------------
 
     def _locate(self, key: str) -> tuple[int, bytes | None, int]:
-        """The bucket's index, its bytes and the value's offset in them (-1: absent)."""
+        """The bucket's index, its bytes and the value's offset in them (-1: absent);
+        index -1 for a key the table cannot hold. Only storable keys are remembered."""
         last = self._last
         if last is not None and last[0] == key and self._buckets[last[1]] is last[2]:
             return last[1], last[2], last[3]
+        if not storable(key):
+            return -1, None, -1
         index = hash(key) & self._mask
         bucket = self._buckets[index]
         offset = -1
-        if bucket is not None and "\0" not in key:
+        if bucket is not None:
             end = len(bucket) - (bucket[0] | bucket[1] << 8) * self._width
             found = bucket.find(f"\0{key}\0".encode(), 2, end)
             if found >= 0:
@@ -102,9 +105,11 @@ class PackedTable:
 
     def get(self, key: str) -> bytes | None:
         # ``_locate`` inlined: this runs several times per event.
+        if not storable(key):
+            return None  # never remembered: a write of it must be refused
         index = hash(key) & self._mask
         bucket = self._buckets[index]
-        if bucket is None or "\0" in key:
+        if bucket is None:
             self._last = (key, index, bucket, -1)
             return None
         width = self._width
@@ -125,13 +130,9 @@ class PackedTable:
         width = self._width
         if len(value) != width:
             raise ValueError(f"value of {len(value)} bytes in a table of {width}-byte values")
-        last = self._last
-        if last is not None and last[0] == key and self._buckets[last[1]] is last[2]:
-            _, index, bucket, offset = last
-        else:
-            if not (key.isascii() and "\0" not in key) and not storable(key):
-                return False
-            index, bucket, offset = self._locate(key)
+        index, bucket, offset = self._locate(key)
+        if index < 0:
+            return False
         if offset >= 0:
             assert bucket is not None
             new = bucket[:offset] + value + bucket[offset + width :]

@@ -136,9 +136,7 @@ class Indexer:
         """The table's pairs among ``items``; the rest goes to the dict. Both indexed."""
         stored, namespaces = self._items, self._indices.get(NAMESPACE_INDEX)
         for obj in items:
-            if type(obj) is PackedRecord and (
-                ((key := obj.key).isascii() and "\0" not in key) or storable(key)
-            ):
+            if type(obj) is PackedRecord and storable(key := obj.key):
                 if stored:
                     stored.pop(key, None)  # the last of a key's items wins
                 yield key, obj.packed

@@ -80,6 +80,21 @@ class TestKeysItCannotHold:
         assert f"{a}\0{b}" not in table
         assert len(table) == 2
 
+    @pytest.mark.parametrize("key", ["a\0b", "ns/\udc80"])
+    def test_a_key_it_cannot_hold_is_refused_after_a_read_of_it(self, key: str) -> None:
+        """The informer reads a key's old state, then writes its new one: a read of a
+        key the table cannot hold must neither fail nor let the write through."""
+        table = PackedTable(5)
+        for i in range(1000):  # every bucket holds keys
+            table.put(f"k{i}", value(i))
+        table.put("a", value(1))
+        table.put("b", value(2))
+        assert table.get(key) is None
+        assert key not in table
+        assert table.put(key, value(3)) is False
+        assert len(table) == 1002
+        assert sorted(table.keys()) == sorted([f"k{i}" for i in range(1000)] + ["a", "b"])
+
     def test_a_key_utf8_cannot_encode_is_refused(self) -> None:
         table = PackedTable(5)
         assert not storable("ns/\udc80")

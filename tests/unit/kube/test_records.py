@@ -153,6 +153,10 @@ def test_a_key_moves_between_the_packed_table_and_the_dict_with_its_layout() -> 
     store.update(make_record("ns/a", UID, "7", FP))  # packed again
     assert len(store) == 1
     assert store.list() == [make_record("ns/a", UID, "7", FP)]
+    assert store.get_by_key("ns/\udc80") is None  # read first, as the informer does
+    store.update(make_record("ns/\udc80", UID, "9", FP))  # not UTF-8: the dict takes it
+    assert store.get_by_key("ns/\udc80") == make_record("ns/\udc80", UID, "9", FP)
+    store.delete_by_key("ns/\udc80")
     store.update(make_record("ns/\0odd", UID, "8", FP))  # a key the table refuses
     assert store.get_by_key("ns/\0odd") == make_record("ns/\0odd", UID, "8", FP)
     assert sorted(store.list_keys()) == ["ns/\0odd", "ns/a"]
