@@ -9,15 +9,16 @@ and each bucket is *one* ``bytes`` object holding its few keys and values,
     count (2 bytes, little-endian) | \\0 key1 \\0 key2 ... \\0 keyN \\0 | value1 ... valueN
 
 so a key costs its UTF-8 bytes, one separator and its value, plus a share of
-a bucket's header: ~95 B per key at 100k keys, none of it visible to the
+a bucket's header: ~90 B per key at 100k keys, none of it visible to the
 cyclic GC.
 
 A lookup hashes the key (which picks the bucket; a key string caches its
 hash), finds ``\\0 key \\0`` with ``bytes.find`` inside the key section (the
 separators make every match a whole key), and counts the separators before
-the match to get the value's index: a few C calls, no per-key Python loop. A write rebuilds the one bucket, a
-few hundred bytes. Buckets grow fourfold once they average four keys, so
-moving keys on growth costs a third of a move per key over the table's life.
+the match to get the value's index: a few C calls, no per-key Python loop.
+A write rebuilds the one bucket, a few hundred bytes. Buckets grow fourfold
+once they average eight keys, so moving keys on growth costs a third of a
+move per key over the table's life.
 
 Keys holding ``\\0`` cannot be told apart from two keys, and keys that are not
 valid UTF-8 cannot be encoded: ``put`` refuses them, and ``storable`` says in
@@ -171,25 +172,14 @@ class PackedTable:
         assert bucket is not None
         width = self._width
         value = bucket[offset : offset + width]
-        count = bucket[0] | bucket[1] << 8
         self._len -= 1
-        if count == 1:
+        keys, end = self._split(bucket)
+        if len(keys) == 1:
             self._buckets[index] = None
             return value
-        end = len(bucket) - count * width
-        i = (offset - end) // width
-        keys = bucket[3 : end - 1].split(b"\x00")
-        del keys[i]
-        count -= 1
-        self._buckets[index] = b"".join(
-            (
-                bytes((count & 0xFF, count >> 8, _SEP)),
-                b"\x00".join(keys),
-                b"\x00",
-                bucket[end:offset],
-                bucket[offset + width :],
-            )
-        )
+        del keys[(offset - end) // width]
+        values = [bucket[end:offset], bucket[offset + width :]]
+        self._buckets[index] = _joined(b"\x00".join(keys), len(keys), values)
         return value
 
     def clear(self) -> None:
@@ -238,23 +228,22 @@ class PackedTable:
 
     # -- iteration ------------------------------------------------------------------
 
+    def _split(self, bucket: bytes) -> tuple[list[bytes], int]:
+        """One bucket's keys (UTF-8, in order) and the offset where its values start."""
+        end = len(bucket) - (bucket[0] | bucket[1] << 8) * self._width
+        return bucket[3 : end - 1].split(b"\x00"), end
+
     def _entries(self, bucket: bytes) -> Iterator[tuple[bytes, bytes]]:
         """``(key's UTF-8, value)`` for each key of one bucket."""
         width = self._width
-        count = bucket[0] | bucket[1] << 8
-        end = len(bucket) - count * width
-        start = 2
-        for i in range(count):
-            stop = bucket.index(b"\x00", start + 1)
-            yield bucket[start + 1 : stop], bucket[end + i * width : end + (i + 1) * width]
-            start = stop
+        keys, end = self._split(bucket)
+        for i, raw in enumerate(keys):
+            yield raw, bucket[end + i * width : end + (i + 1) * width]
 
     def keys(self) -> Iterator[str]:
-        width = self._width
         for bucket in self._buckets:
             if bucket is not None:
-                count = bucket[0] | bucket[1] << 8
-                for raw in bucket[3 : len(bucket) - count * width - 1].split(b"\x00"):
+                for raw in self._split(bucket)[0]:
                     yield raw.decode()
 
     def items(self) -> Iterator[tuple[str, bytes]]:
