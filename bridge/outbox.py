@@ -42,11 +42,11 @@ Invariants:
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bridge.changes import DELETING, UNCERTAIN, Digest
 from bridge.events import Event
@@ -81,51 +81,63 @@ class Batch:
         return [e.event for e in self.entries]
 
 
-class CachedDigests:
-    """The digests a commit writes, read from the cache one at a time as the store
-    takes them, in order.
+class CommitStep(NamedTuple):
+    """One store call of a commit: its rows, and the watermark if it is the last."""
 
-    A commit after a list or a burst can cover tens of thousands of keys; built
-    up front, their digests (four strings each), the store's rows and its
-    encoding of them all lived at once: about 700 B per key, ~25 MiB at the
-    peak of a 100k-pod first sync. The stores take the upserts before their
-    first await (on the event loop's thread, as ``commit`` is called right after
-    ``Outbox.checkpoint``), so what they read is the state at the checkpoint.
+    watermark: str | None
+    upserts: list[Digest]
+    deletes: list[str]
+
+
+# The rows of some keys as they stand now: (upserts, deletes).
+RowsOf = Callable[[Sequence[str]], tuple[list[Digest], list[str]]]
+
+
+class Commit:
+    """One checkpoint step: the watermark and the keys that became certain (or gone).
+
+    It names its keys; their rows are read from the cache only as the store
+    takes them, a step of keys at a time (``steps``). Read at once, a commit
+    after a list or a burst (tens of thousands of keys) held every digest and
+    its row's encoding together, and the store's one long transaction made
+    every write-ahead behind it wait, so decided events piled up to
+    ``max_pending`` meanwhile. A key decided again between two steps has an
+    event on its way when its step is read, so that step leaves its write-ahead
+    row alone (``Outbox.rows``). The watermark rides with the last step, once
+    every row before it is stored.
     """
 
-    __slots__ = ("_digest_of", "keys")
+    __slots__ = ("_rows_of", "generation", "keys", "observed_at", "watermark")
 
-    def __init__(self, keys: list[str], digest_of: Callable[[str], Digest | None]) -> None:
+    def __init__(
+        self,
+        watermark: str,
+        keys: list[str],
+        generation: int,
+        observed_at: float | None,
+        rows_of: RowsOf,
+    ) -> None:
+        self.watermark = watermark
         self.keys = keys
-        self._digest_of = digest_of
+        # The outbox's dirty generation when it named its keys: a key changed
+        # meanwhile has a later one and stays dirty.
+        self.generation = generation
+        self.observed_at = observed_at
+        self._rows_of = rows_of
 
-    def __len__(self) -> int:
-        return len(self.keys)
+    def steps(self, size: int) -> Iterator[CommitStep]:
+        """At most ``size`` keys per step, each step's rows read when it is reached;
+        the last carries the watermark (a commit of no keys is that step alone)."""
+        keys, n = self.keys, len(self.keys)
+        for start in range(0, n, size):
+            upserts, deletes = self._rows_of(keys[start : start + size])
+            yield CommitStep(self.watermark if start + size >= n else None, upserts, deletes)
+        if not n:
+            yield CommitStep(self.watermark, [], [])
 
-    def __iter__(self) -> Iterator[Digest]:
-        digest_of = self._digest_of
-        for key in self.keys:
-            digest = digest_of(key)
-            if digest is not None:
-                yield digest
-
-
-@dataclass(slots=True)
-class Commit:
-    """One checkpoint step: the watermark and the keys that became certain (or gone)."""
-
-    watermark: str
-    upserts: CachedDigests
-    deletes: list[str]
-    # The outbox's dirty generation when it read its keys: a key changed meanwhile
-    # has a later one and stays dirty.
-    generation: int
-    observed_at: float | None
-
-    @property
-    def keys(self) -> Iterator[str]:
-        """The keys it covers: those it upserts, then those it deletes."""
-        return itertools.chain(self.upserts.keys, self.deletes)
+    def rows(self) -> tuple[list[Digest], list[str]]:
+        """Every key's row as it stands now, in one step."""
+        return self._rows_of(self.keys)
 
 
 @dataclass(slots=True)
@@ -158,12 +170,8 @@ class Outbox:
         *,
         watermark: str = "",
         clock: Callable[[], float] = time.monotonic,
-        has_digest: Callable[[str], bool] | None = None,
     ) -> None:
-        """``has_digest(key)``: whether ``digest_of(key)`` is not None, answered
-        without building the digest (by default, by building it)."""
         self._digest_of = digest_of
-        self._has_digest = has_digest or (lambda key: digest_of(key) is not None)
         self._clock = clock
         self._queue: deque[Entry] = deque()
         self._next_seq = 1
@@ -359,21 +367,33 @@ class Outbox:
         while marks and marks[0].bound <= self.acked_seq:
             mark = marks.popleft()
             watermark, at = mark.rv, mark.at
-        upserts: list[str] = []
-        deletes: list[str] = []
-        opened, uncertain, has_digest = self._open, self.uncertain, self._has_digest
-        for key in self._dirty:
-            if key in opened or key in uncertain:
-                continue  # its write-ahead row stands until the ack
-            if has_digest(key):
-                upserts.append(key)
-            else:
-                deletes.append(key)
-        if watermark == self.committed_watermark and not upserts and not deletes:
+        opened, uncertain = self._open, self.uncertain
+        # A key with events on their way keeps its write-ahead row until the ack.
+        keys = [k for k in self._dirty if k not in opened and k not in uncertain]
+        if watermark == self.committed_watermark and not keys:
             return None
         self._committing_since = at
-        digests = CachedDigests(upserts, self._digest_of)
-        return Commit(watermark, digests, deletes, self._generation, at)
+        return Commit(watermark, keys, self._generation, at, self.rows)
+
+    def rows(self, keys: Sequence[str]) -> tuple[list[Digest], list[str]]:
+        """The checkpoint rows of ``keys`` as they stand now: (upserts, deletes).
+
+        A key with events on their way (decided since its commit named it) is
+        left out: its write-ahead row stands until the ack, and the key, touched
+        by that decision, stays dirty for the next commit.
+        """
+        upserts: list[Digest] = []
+        deletes: list[str] = []
+        opened, uncertain, digest_of = self._open, self.uncertain, self._digest_of
+        for key in keys:
+            if key in opened or key in uncertain:
+                continue
+            digest = digest_of(key)
+            if digest is None:
+                deletes.append(key)
+            else:
+                upserts.append(digest)
+        return upserts, deletes
 
     def committed(self, commit: Commit) -> None:
         self.committed_watermark = commit.watermark

@@ -21,11 +21,13 @@ its digests, the other order, could lose a change; that order is never written.
 
 Writes go through the pipelined ``JetStreamPublisher`` (a KV put is a publish
 to ``$KV.<bucket>.<key>``), one batch per commit, so a flush of thousands of
-digests costs about one round trip, not thousands.
+digests costs about one round trip, not thousands. Commits go one at a time, in
+the order they were called, as SQLite's do: a row read later lands later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 from collections.abc import Iterable
@@ -108,6 +110,10 @@ class NatsKvCheckpointStore:
         self._kv: KeyValue | None = None
         self._js: JetStreamContext | None = None
         self._publisher: JetStreamPublisher | None = None
+        # One commit's puts at a time, in call order (the lock is first come, first
+        # served): the publisher interleaves concurrent batches once its window is
+        # full, and a write-ahead row must land after a commit step read before it.
+        self._writes = asyncio.Lock()
 
     @property
     def where(self) -> str:
@@ -220,15 +226,17 @@ class NatsKvCheckpointStore:
         if resource_version is not None:
             batches.append([(f"{self._prefix}{rid}.w", orjson.dumps(resource_version), None)])
         try:
-            for batch in batches:
-                if not batch:
-                    continue
-                result = await publisher.publish(batch)
-                if result.errors:
-                    first = min(result.errors)
-                    raise CheckpointError(
-                        f"{self.where}: commit of {resource_id} rejected: {result.errors[first]}"
-                    )
+            async with self._writes:
+                for batch in batches:
+                    if not batch:
+                        continue
+                    result = await publisher.publish(batch)
+                    if result.errors:
+                        first = min(result.errors)
+                        raise CheckpointError(
+                            f"{self.where}: commit of {resource_id} rejected:"
+                            f" {result.errors[first]}"
+                        )
         except (PublishTimeout, nats.errors.Error, OSError) as exc:
             raise CheckpointError(f"{self.where}: commit of {resource_id}: {exc}") from exc
 

@@ -202,9 +202,10 @@ class SqliteCheckpointStore:
         upserts: Iterable[Digest],
         deletes: Iterable[str],
     ) -> None:
-        # Encoded on the loop's thread, before any await: the iterables may be views
-        # of live state (``CachedDigests``). Row by row into one buffer, so a commit
-        # of many keys holds their JSON text and nothing more.
+        # Encoded on the loop's thread, before any await, and queued on the lock in
+        # call order: rows land in the order the calls came (a write-ahead after a
+        # commit step overwrites it, never the reverse). Row by row into one buffer,
+        # so a commit of many keys holds their JSON text and nothing more.
         up_json = _rows_json(upserts)
         down = list(deletes)
         down_json = orjson.dumps(down) if down else None

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.events import Event
 from bridge.pipeline import ResourcePipeline
@@ -130,6 +131,52 @@ async def test_many_keys_awaiting_their_rows_make_a_commit_due_early(
         assert certain <= acked
         assert p.outbox.unacknowledged > 0  # never drained: the keys made it due
         harness.sink.gate.set()
+
+
+class RecordingStore(MemoryCheckpointStore):
+    """The memory store, recording each commit call: (watermark, upserts, deletes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str | None, list[Digest], list[str]]] = []
+
+    async def commit(
+        self,
+        resource_id: str,
+        resource_version: str | None,
+        upserts: Iterable[Digest],
+        deletes: Iterable[str],
+    ) -> None:
+        up, down = list(upserts), list(deletes)
+        self.calls.append((resource_version, up, down))
+        await super().commit(resource_id, resource_version, up, down)
+
+
+async def test_a_commit_of_many_keys_goes_in_steps_with_the_watermark_last(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """A write-ahead waits for one step of a commit, not for all of it; the watermark
+    is stored only once every row before it is."""
+    for i in range(45):
+        emulator.create(pod(f"s{i}"))
+    store = harness.checkpoints = RecordingStore()
+    p = await harness.pipeline()
+    # On the cadence only: the first commit covers the whole list.
+    p.settings = dataclasses.replace(
+        FAST, flush_interval=0.5, drained_commit_after=None, commit_step_keys=10
+    )
+    async with running(p):
+        await harness.settled(p)
+    steps = [
+        (watermark, len(up) + len(down))
+        for watermark, up, down in store.calls
+        if watermark is not None or down or any(d.state == CERTAIN for d in up)
+    ]
+    # The first commit: 45 keys in five steps, the watermark with the last.
+    assert steps[:5] == [(None, 10)] * 4 + [(str(emulator.resource_version), 5)], steps
+    cp = await store.load(RID)
+    assert cp is not None and cp.resource_version == str(emulator.resource_version)
+    assert len(cp.digests) == 45 and all(d.state == CERTAIN for d in cp.digests.values())
 
 
 # -- restart from a checkpoint that was written ahead --------------------------

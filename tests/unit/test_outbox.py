@@ -96,8 +96,9 @@ class World:
         commit = self.outbox.checkpoint()
         if commit is None:
             return self.outbox.committed_watermark, {}, []
+        upserts, deletes = commit.rows()
         self.outbox.committed(commit)
-        return commit.watermark, {d.key: d for d in commit.upserts}, commit.deletes
+        return commit.watermark, {d.key: d for d in upserts}, deletes
 
 
 # -- the watermark -------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_a_key_changed_during_a_commit_stays_dirty() -> None:
     w.outbox.touch("a")  # the cache moved while the store was writing
     w.outbox.committed(commit)
     again = w.outbox.checkpoint()
-    assert again is not None and [d.resource_version for d in again.upserts] == ["11"]
+    assert again is not None and [d.resource_version for d in again.rows()[0]] == ["11"]
 
 
 def test_a_failed_commit_offers_its_watermark_again() -> None:
@@ -308,8 +309,9 @@ def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
 # -- commits of many keys --------------------------------------------------------
 
 
-def test_a_commit_reads_its_digests_from_the_cache_as_the_store_takes_them() -> None:
-    """A commit names its keys; each digest is built only when the store reads it."""
+def test_a_commit_reads_its_digests_from_the_cache_a_step_at_a_time() -> None:
+    """A commit names its keys; each step's digests are built when the store takes
+    that step, and the watermark goes with the last step."""
     built: list[str] = []
     cache: dict[str, tuple[str, str, str]] = {}
 
@@ -318,20 +320,64 @@ def test_a_commit_reads_its_digests_from_the_cache_as_the_store_takes_them() -> 
         found = cache.get(key)
         return None if found is None else Digest(key, *found)
 
-    outbox = Outbox(digest_of, has_digest=cache.__contains__)
-    for i, key in enumerate(("a", "b", "c")):
+    outbox = Outbox(digest_of)
+    for i, key in enumerate(("a", "b", "c", "d")):
         cache[key] = (f"u{key}", str(10 + i), "f")
         outbox.decide(key, f"u{key}", event(f"u{key}", str(10 + i)), Digest(key, *cache[key]))
     del cache["b"]  # gone meanwhile (a delete that published nothing of its own)
+    outbox.observe(4, "13")
+    outbox.progress(4)
     batch = outbox.take(10)
     assert batch is not None
     outbox.acknowledged(batch)
     commit = outbox.checkpoint()
-    assert commit is not None
+    assert commit is not None and commit.keys == ["a", "b", "c", "d"]
     assert built == []  # nothing built for the commit yet
-    assert commit.deletes == ["b"]
-    assert [(d.key, d.resource_version) for d in commit.upserts] == [("a", "10"), ("c", "12")]
-    assert built == ["a", "c"]
+    steps = commit.steps(2)
+    first = next(steps)
+    assert built == ["a", "b"]
+    assert first.watermark is None  # not before every row is stored
+    assert [(d.key, d.resource_version) for d in first.upserts] == [("a", "10")]
+    assert first.deletes == ["b"]
+    last = next(steps)
+    assert built == ["a", "b", "c", "d"]
+    assert last.watermark == "13"
+    assert [d.key for d in last.upserts] == ["c", "d"] and last.deletes == []
+    assert next(steps, None) is None
+
+
+def test_a_key_decided_between_steps_keeps_its_write_ahead_row() -> None:
+    """A commit's later step is read after earlier ones are stored; a key decided
+    meanwhile has its event on the way, so the step leaves its row (the write-ahead)
+    alone, and the key stays dirty for the next commit."""
+    w = World()
+    w.change("a", "ua", 10)
+    w.change("b", "ub", 11)
+    w.publish()
+    commit = w.outbox.checkpoint()
+    assert commit is not None
+    steps = commit.steps(1)
+    assert [d.key for d in next(steps).upserts] == ["a"]
+    w.change("b", "ub", 12)  # decided while the first step was being stored
+    ahead = w.outbox.take(10)
+    assert ahead is not None and [(d.key, d.state) for d in ahead.ahead] == [("b", UNCERTAIN)]
+    last = next(steps)
+    assert last.upserts == [] and last.deletes == []  # b's row is the write-ahead's
+    w.outbox.committed(commit)
+    w.outbox.acknowledged(ahead)
+    _, upserts, _ = w.commit()
+    assert upserts["b"].resource_version == "12" and upserts["b"].state == CERTAIN
+
+
+def test_a_commit_with_no_keys_is_one_step_with_its_watermark() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    w.commit()
+    w.quiet("a", 11)  # the watermark moves; no key's row changes
+    commit = w.outbox.checkpoint()
+    assert commit is not None and commit.keys == []
+    assert list(commit.steps(100)) == [("11", [], [])]
 
 
 def test_a_commit_of_many_keys_holds_no_digests() -> None:
@@ -345,7 +391,7 @@ def test_a_commit_of_many_keys_holds_no_digests() -> None:
         uid, rv = cache[key]
         return Digest(key, uid + "-0000-0000-0000-000000000000", str(int(rv)), rv * 4)
 
-    outbox = Outbox(digest_of, has_digest=cache.__contains__)
+    outbox = Outbox(digest_of)
     for i in range(n):
         key = f"ns/pod-{i}"
         cache[key] = (f"{i:08d}", f"{10_000_000 + i}")
@@ -359,7 +405,7 @@ def test_a_commit_of_many_keys_holds_no_digests() -> None:
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert commit is not None and len(list(commit.upserts)) == n
+    assert commit is not None and len(commit.rows()[0]) == n
     assert held / n < 100, f"{held / n:.0f} B per key"
 
 
