@@ -45,6 +45,17 @@ def process(cmd: list[str], port: int) -> Iterator[None]:
             proc.wait()
 
 
+def tune_as_the_app(gc_threshold: int | None) -> None:
+    """The process-wide settings ``k8s-bridge run`` makes at start-up (bridge/app.py):
+    the GC's young threshold (``informer.gcThreshold``, whose default is
+    ``InformerSettings().gc_threshold``), the GIL's switch interval and glibc's mmap
+    threshold (bridge/runtime.py)."""
+    from bridge import gctune, runtime
+
+    gctune.configure(gc_threshold)
+    runtime.configure()
+
+
 def cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():

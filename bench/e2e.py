@@ -49,7 +49,7 @@ import nats
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from bench._support import cpu_model, free_port, process, update_benchmarks_md
+from bench._support import cpu_model, free_port, process, tune_as_the_app, update_benchmarks_md
 from bench.decode import make_pod
 from bridge import gctune
 from bridge.app import object_decoder
@@ -621,8 +621,11 @@ def main(argv: list[str]) -> int:
     args.profile_bus = [b.strip() for b in args.profile_bus.split(",") if b.strip()]
     if unknown := [b for b in args.bus if b not in ("nats", "kafka")]:
         parser.error(f"unknown bus(es): {', '.join(unknown)}")
-    gctune.configure(args.gc_threshold)
-    print(f"  gc thresholds {gc.get_threshold()}, freeze after the list: {args.gc_freeze}")
+    tune_as_the_app(args.gc_threshold)
+    print(
+        f"  gc thresholds {gc.get_threshold()}, freeze after the list: {args.gc_freeze},"
+        f" switch interval {sys.getswitchinterval() * 1000:g} ms"
+    )
     results = asyncio.run(_run(args))
     if not results:
         print("  no bus available: nothing measured")

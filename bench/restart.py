@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
 
 RESOURCE_ID = "v1/pods"
 WATERMARK = 50_000_000
@@ -159,6 +159,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--child", metavar="DB", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
+        from bridge.settings import InformerSettings
+
+        tune_as_the_app(InformerSettings().gc_threshold)
         result = asyncio.run(_round(Path(args.child), args.replay, args.settle))
         print(json.dumps(result))
         return 0

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
 from bench.listmem import MODE_NAMES, _reset_peak, _serve_emulator, _status_kb
 
 SECTION = "Slow bus"
@@ -75,8 +75,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import ReflectorSettings
     from bridge.pipeline import PipelineSettings, ResourcePipeline
+    from bridge.settings import InformerSettings
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    tune_as_the_app(InformerSettings().gc_threshold)
     gc.collect()
     _reset_peak()
     baseline = _status_kb("VmHWM")

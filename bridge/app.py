@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from bridge import gctune
+from bridge import gctune, runtime
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import (
@@ -375,6 +375,12 @@ class BridgeApp:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
         s = self.settings
         gctune.configure(s.informer.gc_threshold)
+        tuning = runtime.configure()
+        log.info(
+            "runtime configured",
+            switch_interval=tuning.switch_interval,
+            mmap_threshold=tuning.mmap_threshold,
+        )
         token = s.server.control_token
         self.health = HealthServer(
             s.server.host,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,22 @@ async def test_a_bus_that_goes_away_while_nothing_is_published_turns_readiness_5
         assert "sink nats: does not answer a ping" in text
         nats_control.start()
         await until(lambda: status_is(r, 200), 15)
+
+
+async def test_the_app_sets_the_runtime_up_before_it_serves(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """Production order: modules imported first, then the app configures the process
+    (bridge/runtime.py) as it starts, before any informer runs."""
+    from bridge import runtime
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        app = BridgeApp(
+            settings_for(kubeconfig), sink=MemorySink(), checkpoints=MemoryCheckpointStore()
+        )
+        async with running(app):
+            assert sys.getswitchinterval() == pytest.approx(runtime.SWITCH_INTERVAL)
+    finally:
+        sys.setswitchinterval(before)

@@ -1,0 +1,63 @@
+"""Two process-wide defaults of the runtime that a bridge changes once, at start-up.
+
+**The GIL's switch interval.** The SQLite checkpoint store writes in a worker
+thread (sqlite3 blocks). While the event loop's thread parses and decides
+events, that worker needs the GIL to start a write and again to hand back its
+result, and the loop's thread lets go of it only when the interval expires:
+5 ms by default. A write-ahead of a few hundred rows, 1-2 ms of SQLite work,
+then took 47 ms at the median during a 100k-pod first sync (88 ms at p90);
+the writer was busy for 13 of the sync's 14 s, and decided events piled up
+behind it to ``max_pending`` (~6 MB of encoded Pods) half of the time. At
+0.5 ms the median was 6 ms and the events waiting stayed mostly under 512.
+
+**glibc's mmap threshold.** A block of 128 KiB or more gets a mapping of its
+own, returned to the OS when freed. But each time such a block is freed, glibc
+raises the threshold to its size (up to 32 MiB), so later blocks of that size
+come from the heap, between small long-lived ones, and the pages they leave
+stay with the process. Setting the threshold once turns that off at its
+initial 128 KiB; the blocks concerned (buffers of a list's body, of a commit's
+rows, dict tables of many keys) come and go a few thousand times in a 100k-pod
+sync, each an mmap and a munmap. A 100k-pod first sync ended with 8-10 MiB less
+in the process (bench slowbus).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL", "Tuning", "configure"]
+
+SWITCH_INTERVAL = 0.0005
+MMAP_THRESHOLD = 128 << 10
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """What ``configure`` set: the switch interval, and the mmap threshold or None
+    where the C library has no such setting (musl, macOS)."""
+
+    switch_interval: float
+    mmap_threshold: int | None
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt``, from the symbols the interpreter already has loaded."""
+    try:
+        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    return mallopt
+
+
+def configure() -> Tuning:
+    """Set both, for the whole process; returns what was set."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    mallopt = _mallopt()
+    # mallopt returns 1 on success; musl has the symbol and ignores the call.
+    fixed = mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return Tuning(sys.getswitchinterval(), MMAP_THRESHOLD if fixed else None)
