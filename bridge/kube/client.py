@@ -365,6 +365,12 @@ async def _lines(
     decode: Callable[[bytes], Any] | None,
 ) -> AsyncGenerator[Any, None]:
     # Own line splitting: aiohttp's readline() refuses lines above its buffer limit.
+    # A read can be up to twice ``read_bufsize`` (2 MiB) when the stream outpaces the
+    # pipeline (a streaming list): its lines are cut one at a time, each handed on
+    # before the next is copied, and nothing of it is held across the next read.
+    # Split whole, a chunk and its lines were held together (~2.7 MiB) for as long
+    # as the pipeline took its ~500 objects, and the last chunk for as long as the
+    # watch stayed quiet.
     pending: list[bytes] = []
     content = resp.content
     try:
@@ -372,36 +378,42 @@ async def _lines(
             chunk = await content.readany()
             if not chunk:
                 break
-            if b"\n" not in chunk:
+            end = chunk.find(b"\n")
+            if end < 0:
                 pending.append(chunk)
                 continue
+            start = 0
             if pending:
-                pending.append(chunk)
-                chunk = b"".join(pending)
+                pending.append(chunk[:end])
+                line = b"".join(pending)
                 pending.clear()
-            lines = chunk.split(b"\n")
-            tail = lines.pop()
-            if tail:
-                pending.append(tail)
-            if decode is None:
-                for line in lines:
-                    if line:
-                        yield line
-            else:
-                for line in lines:
-                    if line:
-                        try:
-                            item = decode(line)
-                        except ValueError as e:
-                            raise KubeConnectionError(
-                                f"{method} {path}: undecodable line ({len(line)} bytes): {e}"
-                            ) from e
-                        yield item
+                start = end + 1
+                if line:
+                    yield line if decode is None else _decoded(line, decode, method, path)
+                end = chunk.find(b"\n", start)
+            while end >= 0:
+                if end > start:
+                    line = chunk[start:end]
+                    yield line if decode is None else _decoded(line, decode, method, path)
+                start = end + 1
+                end = chunk.find(b"\n", start)
+            if start < len(chunk):
+                pending.append(chunk[start:])
+            chunk = line = b""
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         raise KubeConnectionError(f"{method} {path}: stream broke: {_describe(e)}") from e
     if pending:
         # A line without its newline at the end of the body: the connection was cut mid-object.
         raise KubeConnectionError(f"{method} {path}: stream truncated mid-line")
+
+
+def _decoded(line: bytes, decode: Callable[[bytes], Any], method: str, path: str) -> Any:
+    try:
+        return decode(line)
+    except ValueError as e:
+        raise KubeConnectionError(
+            f"{method} {path}: undecodable line ({len(line)} bytes): {e}"
+        ) from e
 
 
 def _exec_token_expired(loader: Any) -> bool:
