@@ -11,7 +11,7 @@ each batch after ``delay`` seconds: *normal* has no delay; *slow* waits
 peak RSS above the baseline after imports (``VmHWM``); the steady RSS, once
 everything is acknowledged and checkpointed and the heap is frozen and its
 free pages handed back, as the app does after its first sync; the most events
-ever decided but unacknowledged (bounded by ``max_pending``) and queued in the
+ever decided but unacknowledged (bounded by ``max_pending``, two batches) and queued in the
 FIFO (bounded by ``max_queued``); and events/s.
 """
 
@@ -138,7 +138,7 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
             "steady_kb": steady,
             "max_pending": max_pending,
             "max_queued": max_queued,
-            "settings_max_pending": settings.max_pending,
+            "settings_max_pending": settings.pending_limit,
             "settings_max_queued": settings.max_queued,
         }
 

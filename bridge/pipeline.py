@@ -7,8 +7,9 @@ far the bus has taken it; this module is its async driver, four tasks:
   await between the cache update and the decision) and then wait for room
   when too much is unacknowledged, which is how a slow bus slows the watch;
 - the **writer** takes a batch as soon as events are decided (a linger of a
-  millisecond or two at most), writes its rows ahead to the checkpoint store,
-  and hands it on;
+  millisecond at most), or, while the sender publishes, once the batch is full
+  or the sender is done; it writes the batch's rows ahead to the checkpoint
+  store and hands it on;
 - the **sender** publishes batches in order, one at a time, retrying only
   while the bus is unavailable; events the bus refuses for good go through the
   poison policy and never block the events behind them;
@@ -98,18 +99,18 @@ class PipelineSettings:
     max_batch: int = 500
     # How long the writer waits for more events before taking a batch.
     linger: float = 0.001
-    # Decided but unacknowledged events beyond this make the informer wait. Four
-    # batches: 4096 held ~7 MiB more at a 100k-pod first sync (bench slowbus) and
-    # was no faster, with a bus that acks at once or one taking 100 ms per batch.
-    max_pending: int = 2048
+    # Decided but unacknowledged events beyond this make the informer wait; None:
+    # two batches (``pending_limit``), one being published while the next fills
+    # and is written ahead. That keeps batches full behind a slow bus: at a
+    # 100k-pod first sync with a bus taking 100 ms per batch, 4.6k events/s and
+    # a peak of 26 MiB, against 4.75k/s and 31 MiB with four batches (2048).
+    max_pending: int | None = None
     # ... and so do decided events whose encoded size adds up to this many bytes:
-    # what they hold grows with the objects, not their number (2048 ConfigMaps of
-    # 500 KB would be 1 GB). One event larger than this still goes, alone. Above
-    # 2048 pods' events (~5.7 MB), so that pods keep four batches in flight: the
-    # sender publishes one batch at a time, and at 2 MiB a bus taking 100 ms per
-    # batch carried 1.9k events/s instead of 4.7k and the LIST outlasted its
-    # pacing deadline (bench slowbus), though a 100k-pod first sync with a bus
-    # that acks at once peaked at ~300 B per object instead of ~350.
+    # what they hold grows with the objects, not their number (1000 ConfigMaps of
+    # 500 KB would be 500 MB). One event larger than this still goes, alone.
+    # Above two batches of pods' events (~3 MB), so that for pods the count
+    # decides; at 2 MiB, batches of pods were cut short, and a bus taking 100 ms
+    # per batch carried 1.9k events/s instead of 4.7k (bench slowbus).
     max_pending_bytes: int = 8 << 20
     retry_initial: float = 0.5
     retry_cap: float = 30.0
@@ -127,6 +128,11 @@ class PipelineSettings:
     max_queued: int | None = 100
     resync_period: float | None = None
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
+
+    @property
+    def pending_limit(self) -> int:
+        """``max_pending``, or two batches when it is None."""
+        return self.max_pending if self.max_pending is not None else 2 * self.max_batch
 
 
 @dataclass
@@ -189,6 +195,9 @@ class ResourcePipeline:
         # Why the pipeline stopped for good (poison policy "fail"), for readiness.
         self.failed: str | None = None
         self._decided = asyncio.Event()
+        # A batch is being published, and what wakes the writer waiting for it.
+        self._publishing = False
+        self._batch_due = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self._acked = asyncio.Event()
@@ -535,11 +544,13 @@ class ResourcePipeline:
             uid = str(meta(change.object).get("uid", ""))
             outbox.decide(change.key, uid, event, change.digest)
         self._decided.set()
+        if outbox.queued >= self.settings.max_batch:
+            self._batch_due.set()
 
     async def _wait_for_room(self) -> None:
         s, outbox = self.settings, self.outbox
         while (
-            outbox.unacknowledged >= s.max_pending
+            outbox.unacknowledged >= s.pending_limit
             or outbox.unacknowledged_bytes >= s.max_pending_bytes
         ):
             self._room.clear()
@@ -570,6 +581,14 @@ class ResourcePipeline:
                 await self._decided.wait()
                 if s.linger and self.outbox.queued < s.max_batch:
                     await asyncio.sleep(s.linger)
+            # While a batch is being published, the next leaves only when it is
+            # done, so take it then, or once it is full: taken at once, it held what
+            # was decided so far, however little. Behind a bus slower than the
+            # watch, batches alternated between full and nearly empty, and only a
+            # bound of four batches pending kept them full.
+            while self._publishing and self.outbox.queued < s.max_batch:
+                self._batch_due.clear()
+                await self._batch_due.wait()
             batch = self.outbox.take(s.max_batch)
             if batch is None:
                 continue
@@ -589,7 +608,12 @@ class ResourcePipeline:
     async def _sender(self) -> None:
         while True:
             batch = await self._to_send.get()
-            await self._publish(batch)
+            self._publishing = True
+            try:
+                await self._publish(batch)
+            finally:
+                self._publishing = False
+                self._batch_due.set()
             self.outbox.acknowledged(batch)
             if (
                 not self.outbox.unacknowledged

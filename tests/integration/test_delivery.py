@@ -179,6 +179,42 @@ async def test_a_commit_of_many_keys_goes_in_steps_with_the_watermark_last(
     assert len(cp.digests) == 45 and all(d.state == CERTAIN for d in cp.digests.values())
 
 
+class SlowSink(MemorySink):
+    """A bus that takes ``delay`` seconds to acknowledge each batch."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
+        await asyncio.sleep(self.delay)
+        return await super().publish(events)
+
+
+async def test_behind_a_slow_bus_batches_are_full_with_two_pending(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """The bus is slower than the watch: the next batch is taken when it is full or
+    when the sender is done, so two batches pending (one published, one filling)
+    keep every batch full."""
+    for i in range(100):
+        emulator.create(pod(f"b{i}"))
+    harness.sink = SlowSink(delay=0.03)
+    p = await harness.pipeline()
+    p.settings = dataclasses.replace(FAST, max_batch=10, linger=0.0)
+    assert p.settings.pending_limit == 20
+    most = 0
+    async with running(p):
+        while len(harness.sink.events) < 100:
+            most = max(most, p.outbox.unacknowledged)
+            await asyncio.sleep(0.002)
+    sizes = [len(b) for b in harness.sink.batches]
+    assert most <= 20
+    # The first batch leaves with what was decided by then, the last with what was
+    # left; every other one is full.
+    assert sum(sizes) == 100 and sizes[1:-1] == [10] * (len(sizes) - 2), sizes
+
+
 # -- restart from a checkpoint that was written ahead --------------------------
 
 
