@@ -85,11 +85,14 @@ class PipelineSettings:
     # commit, so a trickle of events does not commit once per event. None: ticks only.
     drained_commit_after: float | None = 0.1
     # Once this many keys await their checkpoint rows, commit then too (after the
-    # same minimum): what a commit holds while the store writes it grows with its
-    # keys (names, then their rows' JSON, ~170 B per key). Not much lower: while
-    # a commit runs, the next batch's write-ahead waits for the store, and at 4,096
-    # a burst of 10k updates ran 10-15% slower (bench e2e) for no lower peak.
-    commit_after_keys: int = 16_384
+    # same minimum): what waits for a commit grows with its keys (each key's name
+    # in the dirty set, ~120 B, then its row). A 100k-pod first sync peaked at
+    # 271-283 B per object with 4,096 against 305-320 B with 16,384 (bench
+    # slowbus, same emulator, same hour), at the same events/s; a burst of 10k
+    # updates ran at 7.1-8.9k events/s against 8.0-9.8k (bench e2e, alternating),
+    # within the machine's noise. Before commits went in steps (below), every
+    # write-ahead waited behind whole commits, and 4,096 cost a burst 10-15%.
+    commit_after_keys: int = 4_096
     # A commit goes to the store in steps of at most this many keys, each read
     # from the cache when its turn comes (``Commit.steps``), so a write-ahead
     # waits for one step, not for the whole commit.
