@@ -14,7 +14,9 @@ far the bus has taken it; this module is its async driver, four tasks:
   while the bus is unavailable; events the bus refuses for good go through the
   poison policy and never block the events behind them;
 - the **checkpointer** commits the watermark and the digests that became
-  certain, on its own cadence.
+  certain, on its own cadence, in steps of keys (``Commit.steps``): the
+  digests first, the watermark with the last step, so a crash between steps
+  leaves digests ahead of the watermark, never behind it.
 
 After a crash the checkpoint knows every key whose event may have reached the
 bus (``load``). Those keys are *uncertain*: cached as unconfirmed, so the next
