@@ -19,9 +19,10 @@ in use (bench slowbus).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from bridge.runtime import c_function
 
 __all__ = ["configure", "freeze", "gc_paused", "release_free_memory"]
 
@@ -54,22 +55,9 @@ def freeze() -> None:
     gc.freeze()
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None on a C library without it (musl, macOS).
-
-    Looked up among the symbols the interpreter already has loaded (its C
-    library's among them), so nothing is searched for on disk.
-    """
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
 def release_free_memory() -> bool:
     """Give the C heap's free pages back to the OS (glibc); False where it cannot."""
-    trim = _malloc_trim()
+    trim = c_function("malloc_trim")
     if trim is None:
         return False
     trim(0)

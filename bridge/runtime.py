@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL", "Tuning", "configure"]
+__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL", "Tuning", "c_function", "configure"]
 
 SWITCH_INTERVAL = 0.0005
 MMAP_THRESHOLD = 128 << 10
@@ -45,19 +45,24 @@ class Tuning:
     mmap_threshold: int | None
 
 
-def _mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt``, from the symbols the interpreter already has loaded."""
+def c_function(name: str) -> Callable[..., int] | None:
+    """The C library's function ``name``, or None where it has none (glibc's
+    ``mallopt`` and ``malloc_trim`` on musl or macOS).
+
+    Looked up among the symbols the interpreter already has loaded (its C
+    library's among them), so nothing is searched for on disk.
+    """
     try:
-        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
+        function: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    return mallopt
+    return function
 
 
 def configure() -> Tuning:
     """Set both, for the whole process; returns what was set."""
     sys.setswitchinterval(SWITCH_INTERVAL)
-    mallopt = _mallopt()
+    mallopt = c_function("mallopt")
     # mallopt returns 1 on success; musl has the symbol and ignores the call.
     fixed = mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     return Tuning(sys.getswitchinterval(), MMAP_THRESHOLD if fixed else None)

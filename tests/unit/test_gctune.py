@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bridge import gctune
+from bridge import gctune, runtime
 from bridge.settings import InformerSettings
 
 
@@ -58,7 +58,7 @@ def _rss_kb() -> int:
 def test_free_heap_pages_go_back_to_the_os() -> None:
     """Event-sized bytes come from malloc: freed in the middle of the heap, their
     pages stay with the process until the heap is trimmed."""
-    if gctune._malloc_trim() is None:
+    if runtime.c_function("malloc_trim") is None:
         pytest.skip("no malloc_trim in this C library")
     blocks = [bytes(3_000) + bytes([i % 256]) for i in range(30_000)]  # ~90 MB
     kept = blocks[::100]  # pins the heap's top, as long-lived objects do

@@ -68,7 +68,8 @@ def _given_back(mode: str) -> int:
 
 
 @pytest.mark.skipif(
-    runtime._mallopt() is None or not sys.platform.startswith("linux"), reason="glibc's mallopt"
+    runtime.c_function("mallopt") is None or not sys.platform.startswith("linux"),
+    reason="glibc's mallopt",
 )
 def test_large_blocks_go_back_to_the_os_when_freed() -> None:
     """40 MB of 200 KiB blocks: with glibc's moving threshold they came from the heap
