@@ -135,10 +135,6 @@ class Commit:
         if not n:
             yield CommitStep(self.watermark, [], [])
 
-    def rows(self) -> tuple[list[Digest], list[str]]:
-        """Every key's row as it stands now, in one step."""
-        return self._rows_of(self.keys)
-
 
 @dataclass(slots=True)
 class _Open:
