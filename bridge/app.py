@@ -280,7 +280,8 @@ class BridgeApp:
                 self._api_error = str(e) or type(e).__name__
                 log.warning("API server unavailable for discovery; retrying", error=str(e))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
+                    async with asyncio.timeout(backoff.next_delay()):
+                        await stop.wait()
                 continue
             self._api_error = None
             return resolved
@@ -365,7 +366,8 @@ class BridgeApp:
                     "sink unreachable; retrying", sink=self.settings.sink.kind, error=str(e)
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
+                    async with asyncio.timeout(backoff.next_delay()):
+                        await stop.wait()
                 continue
             self._sink_started = True
             return True
@@ -522,7 +524,8 @@ class BridgeApp:
         while True:
             await asyncio.sleep(every)
             try:
-                ok = await asyncio.wait_for(self.sink.ping(), every)
+                async with asyncio.timeout(every):
+                    ok = await self.sink.ping()
             except Exception:  # a probe that fails in any way is an unreachable bus
                 ok = False
             # Two misses in a row: one slow answer under load is not an outage.

@@ -52,7 +52,8 @@ async def trial_list(
         field_selector=res.field_selector,
     )
     try:
-        await asyncio.wait_for(lw.list(ListOptions(limit=1)), timeout)
+        async with asyncio.timeout(timeout):
+            await lw.list(ListOptions(limit=1))
     except (BridgeError, TimeoutError) as e:
         return str(e) or "timed out"
     return None
@@ -84,7 +85,8 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
         return 1
     try:
         try:
-            version = await asyncio.wait_for(client.request_json("GET", "/version"), timeout)
+            async with asyncio.timeout(timeout):
+                version = await client.request_json("GET", "/version")
             report.ok("api", f"{client.host} answers, version {version.get('gitVersion', '?')}")
         except (BridgeError, TimeoutError) as e:
             report.fail("api", f"{client.host}: {e or 'timed out'}")
@@ -186,8 +188,10 @@ async def _check_sink(settings: Settings, report: _Report, timeout: float) -> No
     sink = build_sink(settings)
     what = f"sink {settings.sink.kind}"
     try:
-        await asyncio.wait_for(sink.start(), timeout)
-        reachable = await asyncio.wait_for(sink.ping(), timeout)
+        async with asyncio.timeout(timeout):
+            await sink.start()
+        async with asyncio.timeout(timeout):
+            reachable = await sink.ping()
     except (BridgeError, TimeoutError) as e:
         report.fail(what, str(e) or "timed out")
         return

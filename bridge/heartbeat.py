@@ -190,7 +190,8 @@ class Heartbeat:
             return False
         event = self.builder.build(self.source)
         try:
-            refused = await asyncio.wait_for(self.sink.publish([event]), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                refused = await self.sink.publish([event])
         except (SinkError, TimeoutError) as e:
             self.skipped += 1
             log.debug("heartbeat skipped", resource=self.source.label, error=str(e))

@@ -452,7 +452,8 @@ class ResourcePipeline:
         finally:
             await cancel_and_wait([delivery])
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._commit_once(), max(0.1, deadline - loop.time()))
+                async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                    await self._commit_once()
 
     # -- the informer's handler -----------------------------------------------
 
@@ -753,7 +754,8 @@ class ResourcePipeline:
         await asyncio.sleep(early)
         if not self._commit_early.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._commit_early.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await self._commit_early.wait()
         # Cleared before the commit: a drain during it makes the next one due early.
         self._commit_early.clear()
 

@@ -260,7 +260,8 @@ async def _replay_watch(
     async with lw.watch(options) as stream:
         while not stop.is_set() and _rv_int(from_rv) < target:
             try:
-                event = await asyncio.wait_for(anext(stream), quiet)
+                async with asyncio.timeout(quiet):
+                    event = await anext(stream)
             except (TimeoutError, StopAsyncIteration):
                 break
             etype = event.get("type")

@@ -790,7 +790,8 @@ class Emulator:
                     wait = (min(deadline, next_bookmark) if bookmarks else deadline) - now
                 watcher.wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(watcher.wake.wait(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        await watcher.wake.wait()
             await resp.write_eof()
         except (ConnectionError, RuntimeError):
             # The client went away mid-write; nothing left to tell it.

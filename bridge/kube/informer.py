@@ -267,7 +267,8 @@ class SharedInformer:
         if self.has_synced():
             return True
         try:
-            await asyncio.wait_for(self.fifo.wait_for_sync(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.fifo.wait_for_sync()
         except TimeoutError:
             return False
         return True

@@ -172,7 +172,8 @@ class JetStreamPublisher:
                 room = self._max_in_flight - len(pending)
                 if room <= 0:
                     self._window_open.clear()
-                    await asyncio.wait_for(self._window_open.wait(), self._ack_timeout)
+                    async with asyncio.timeout(self._ack_timeout):
+                        await self._window_open.wait()
                     continue
                 # Everything the window allows goes out as one write: the
                 # protocol frames are built here, queued together and flushed once.
@@ -192,7 +193,8 @@ class JetStreamPublisher:
                 index = end
                 await self._send(frames)
             if batch.transport_error is None:
-                await asyncio.wait_for(batch.done.wait(), self._ack_timeout)
+                async with asyncio.timeout(self._ack_timeout):
+                    await batch.done.wait()
         except TimeoutError as exc:
             raise PublishTimeout(
                 f"{batch.remaining} of {len(messages)} messages unacknowledged "
