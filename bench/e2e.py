@@ -51,7 +51,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench._support import cpu_model, free_port, process, tune_as_the_app, update_benchmarks_md
 from bench.decode import make_pod
-from bridge import gctune
+from bridge import gctune, runtime
 from bridge.app import object_decoder
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
@@ -61,6 +61,7 @@ from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
 from bridge.pipeline import PipelineSettings, ResourcePipeline
+from bridge.settings import InformerSettings
 from bridge.sinks.base import Sink
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
@@ -534,6 +535,13 @@ def _machine() -> str:
     )
 
 
+def _gc_settings(args: argparse.Namespace) -> str:
+    young = f"young threshold {args.gc_threshold:,}" if args.gc_threshold else "Python's 700"
+    freeze = "`gc.freeze()` after the initial list" if args.gc_freeze else "no `gc.freeze()`"
+    switch = f"a {runtime.SWITCH_INTERVAL * 1000:g} ms switch interval"
+    return f"the cyclic GC's {young}, {freeze}, {switch}"
+
+
 def render(results: list[BusResult], args: argparse.Namespace) -> str:
     rows = []
     names = {"nats": "NATS JetStream", "kafka": "Kafka (Tansu)"}
@@ -579,7 +587,8 @@ aiokafka `send` + one flush, which returns once acks=all came for every batch), 
 the cyclic GC paused (it holds all {args.objects:,} parsed objects at once; collections
 walking them made the ceiling swing 3-4x between rounds). The emulator's
 objects are frozen out of the GC (`gc.freeze()`) after loading and after each
-burst is applied: they are not the bridge's heap. Buses
+burst is applied: they are not the bridge's heap. The process runs with the
+app's runtime settings: {_gc_settings(args)}. Buses
 run as local processes (nats-server with JetStream on disk; Tansu in memory);
 events/s, best of {args.rounds} round(s); the ratio is the median of the
 per-round ratios (each round's e2e against the ceiling measured right after it),
@@ -630,15 +639,19 @@ def main(argv: list[str]) -> int:
         "the bridge do) instead of only the keys the resource reads",
     )
     parser.add_argument("--no-write", action="store_true")
+    # As ``k8s-bridge run`` runs by default; 0 and --no-gc-freeze for the interpreter's own.
+    app = InformerSettings()
     parser.add_argument(
         "--gc-threshold",
         type=int,
-        default=None,
-        help="the cyclic GC's young threshold for the whole run (informer.gcThreshold)",
+        default=app.gc_threshold,
+        help="the cyclic GC's young threshold for the whole run (informer.gcThreshold;"
+        " default: the app's, %(default)s; 0: the interpreter's 700)",
     )
     parser.add_argument(
         "--gc-freeze",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=app.gc_freeze,
         help="gc.freeze() after the initial list, as the app does (informer.gcFreeze)",
     )
     parser.add_argument(
@@ -649,7 +662,7 @@ def main(argv: list[str]) -> int:
     args.profile_bus = [b.strip() for b in args.profile_bus.split(",") if b.strip()]
     if unknown := [b for b in args.bus if b not in ("nats", "kafka")]:
         parser.error(f"unknown bus(es): {', '.join(unknown)}")
-    tune_as_the_app(args.gc_threshold)
+    tune_as_the_app(args.gc_threshold or None)
     print(
         f"  gc thresholds {gc.get_threshold()}, freeze after the list: {args.gc_freeze},"
         f" switch interval {sys.getswitchinterval() * 1000:g} ms"
