@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from bridge.aiotasks import cancel_and_wait
 from bridge.configured import find_resource
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import nats_token
@@ -275,9 +276,7 @@ async def tail(
                 {nxt, stopper}, timeout=idle_timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if nxt not in done:
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
+                await cancel_and_wait([nxt])
                 break
             event = nxt.result()
             out.write((event.raw.decode() if as_json else summary_line(event)) + "\n")

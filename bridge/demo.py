@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from bridge.aiotasks import cancel_and_wait
 from bridge.app import BridgeApp, build_sink
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
@@ -137,10 +137,7 @@ async def run_demo(args: argparse.Namespace, stop: asyncio.Event, out: TextIO) -
             try:
                 await app.run(stop)
             finally:
-                for t in (churn_task, timer):
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
+                await cancel_and_wait([churn_task, timer])
             if sink.reader_gone:
                 return EXIT_BROKEN_PIPE
             _summary(out, app, sink, churn, time.monotonic() - started)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 
+from bridge.aiotasks import cancel_and_wait
 from bridge.argtypes import OneLineParser, positive_float
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
@@ -85,9 +85,7 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         if churn_task is not None:
-            churn_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await churn_task
+            await cancel_and_wait([churn_task])
         await emu.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

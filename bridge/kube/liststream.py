@@ -32,7 +32,6 @@ raw bytes (about a fifth of the decoded items' size) until it is taken.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from bridge.aiotasks import cancel_and_wait
 from bridge.errors import KubeConnectionError
 from bridge.kube.objects import RawObject
 from bridge.kube.rawjson import IncompleteJSON
@@ -496,10 +496,8 @@ class _ReadAhead:
 
     async def aclose(self) -> None:
         self._timer.cancel()
-        if not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        # Awaited without swallowing a cancellation of the caller itself.
+        await cancel_and_wait([self._task])
 
 
 class ListBody:

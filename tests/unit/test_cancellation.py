@@ -1,4 +1,5 @@
-"""A loop that runs until cancelled ends when cancelled, even in the tick its await completes.
+"""A cancellation is never lost: a loop that runs until cancelled ends when cancelled,
+even in the tick its await completes, and closing something is no place to drop one.
 
 On Python 3.11, ``asyncio.wait_for`` returns the awaited result instead of
 raising when the task is cancelled in the same tick as that result arrives: the
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from bridge.events import Event
 from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.kube.liststream import _ReadAhead
 from bridge.sinks.memory import MemorySink
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,11 +84,46 @@ async def test_heartbeats_stop_when_cancelled_in_the_tick_their_publish_returns(
     assert task.cancelled()
 
 
-def test_the_bridge_never_waits_with_asyncio_wait_for() -> None:
-    calls = [
+async def test_closing_a_list_body_keeps_a_cancellation_of_the_closer() -> None:
+    """``task.cancel(); with suppress(CancelledError): await task`` drops the awaiting
+    task's own cancellation when it arrives while the other task winds down."""
+    wound_down = asyncio.Event()
+    reading = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            reading.set()
+            await asyncio.Event().wait()  # the server has not sent the next chunk yet
+            yield b""
+        except asyncio.CancelledError:
+            await wound_down.wait()  # a connection that takes a while to let go
+            raise
+
+    ahead = _ReadAhead(body(), asyncio.get_running_loop().time() + 60)
+    await reading.wait()
+    closer = asyncio.create_task(ahead.aclose())
+    await asyncio.sleep(0.01)  # the closer waits for the read task to wind down
+    closer.cancel()
+    await asyncio.sleep(0.01)
+    wound_down.set()
+    await asyncio.gather(closer, return_exceptions=True)
+    assert closer.cancelled()
+
+
+def _lines_matching(pattern: str) -> list[str]:
+    return [
         f"{path.relative_to(ROOT)}:{n}"
         for path in sorted((ROOT / "bridge").rglob("*.py"))
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"\basyncio\.wait_for\(", line)
+        if re.search(pattern, line)
     ]
+
+
+def test_the_bridge_never_waits_with_asyncio_wait_for() -> None:
+    calls = _lines_matching(r"\basyncio\.wait_for\(")
     assert calls == [], "use asyncio.timeout: wait_for loses a cancellation on 3.11"
+
+
+def test_the_bridge_never_suppresses_a_cancellation() -> None:
+    found = _lines_matching(r"suppress\([^)]*CancelledError")
+    assert found == [], "use bridge.aiotasks.cancel_and_wait to stop a task and await it"
