@@ -21,6 +21,7 @@ from bridge.events import Event
 from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.liststream import _ReadAhead
 from bridge.sinks.memory import MemorySink
+from tests.unit.test_signals import Source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,37 +40,10 @@ class HeldSink(MemorySink):
         return await super().publish(events)
 
 
-class QuietResource:
-    """A resource that is synced, watched and idle: what a heartbeat reports on."""
-
-    label = "v1/pods"
-    resource_id = "test/v1/pods"
-    committed_resource_version = "7"
-    sink_healthy = True
-
-    def has_synced(self) -> bool:
-        return True
-
-    def watch_up(self) -> bool:
-        return True
-
-    def object_count(self) -> int:
-        return 1
-
-    def unacknowledged(self) -> int:
-        return 0
-
-    def seconds_since_last_change(self) -> float | None:
-        return None
-
-    def checkpoint_lag(self) -> float:
-        return 0.0
-
-
 async def test_heartbeats_stop_when_cancelled_in_the_tick_their_publish_returns() -> None:
     sink = HeldSink()
     target = HeartbeatTarget("test", "", "v1", "Pod", "pods")
-    beat = Heartbeat(QuietResource(), HeartbeatBuilder(target, 0.01), sink, timeout=5.0)
+    beat = Heartbeat(Source(), HeartbeatBuilder(target, 0.01), sink, timeout=5.0)
     task = asyncio.create_task(beat.run())
     await sink.entered.wait()
     # One tick: the publish can finish and the task is told to stop.
