@@ -536,10 +536,14 @@ def _machine() -> str:
 
 
 def _gc_settings(args: argparse.Namespace) -> str:
+    """The runtime settings of the run, and whether they are the app's defaults."""
+    app = InformerSettings()
     young = f"young threshold {args.gc_threshold:,}" if args.gc_threshold else "Python's 700"
     freeze = "`gc.freeze()` after the initial list" if args.gc_freeze else "no `gc.freeze()`"
     switch = f"a {runtime.SWITCH_INTERVAL * 1000:g} ms switch interval"
-    return f"the cyclic GC's {young}, {freeze}, {switch}"
+    same = (args.gc_threshold or None) == app.gc_threshold and args.gc_freeze == app.gc_freeze
+    whose = "as `k8s-bridge run` by default" if same else "not the app's defaults"
+    return f"the cyclic GC's {young}, {freeze}, {switch} ({whose})"
 
 
 def render(results: list[BusResult], args: argparse.Namespace) -> str:
@@ -587,8 +591,8 @@ aiokafka `send` + one flush, which returns once acks=all came for every batch), 
 the cyclic GC paused (it holds all {args.objects:,} parsed objects at once; collections
 walking them made the ceiling swing 3-4x between rounds). The emulator's
 objects are frozen out of the GC (`gc.freeze()`) after loading and after each
-burst is applied: they are not the bridge's heap. The process runs with the
-app's runtime settings: {_gc_settings(args)}. Buses
+burst is applied: they are not the bridge's heap. The process runs with
+{_gc_settings(args)}. Buses
 run as local processes (nats-server with JetStream on disk; Tansu in memory);
 events/s, best of {args.rounds} round(s); the ratio is the median of the
 per-round ratios (each round's e2e against the ceiling measured right after it),

@@ -4,7 +4,7 @@ even in the tick its await completes, and closing something is no place to drop 
 On Python 3.11, ``asyncio.wait_for`` returns the awaited result instead of
 raising when the task is cancelled in the same tick as that result arrives: the
 cancellation is lost, the loop goes round again, and a SIGTERM waits forever
-for it. Heartbeats every 0.3 s hit that window in about one stop in fifty. The
+for it. Heartbeats every 0.3 s hit that window in about one stop in 50 to 80. The
 bridge waits with ``asyncio.timeout`` instead, which delivers the cancellation.
 """
 
