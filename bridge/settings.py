@@ -254,11 +254,11 @@ class KafkaSettings(_Section):
         "meanwhile, so more only delays every batch",
     )
     max_batch_size: int = Field(
-        default=524_288,
+        default=65_536,
         gt=0,
-        description="Bytes of records per partition batch (one produce request each). The "
-        "pipeline hands over hundreds of events at once: at 16 KiB, five ~3 KB events made a "
-        "batch. Keep it below the broker's message.max.bytes",
+        description="Bytes of records per partition batch, one produce request each (one "
+        "request in flight per broker). The pipeline hands over hundreds of events at once: "
+        "at 16 KiB a batch held five ~3 KB events. Keep it below the broker's message.max.bytes",
     )
     max_request_size: int = Field(
         default=1_048_576,

@@ -125,7 +125,7 @@ class KafkaSink:
         enable_idempotence: bool = True,
         compression: str | None = None,
         linger_ms: int = 0,
-        max_batch_size: int = 524_288,
+        max_batch_size: int = 65_536,
         security_protocol: str = "PLAINTEXT",
         sasl_mechanism: str | None = None,
         sasl_username: str | None = None,
