@@ -12,10 +12,11 @@ by default the change topic + ``.heartbeats``, placeholders filled from the
 heartbeat's resource), as structured CloudEvents keyed by the resource scope:
 consumers of changes, and a compacted state topic, never see one.
 
-``publish`` hands every record to the producer without waiting, then awaits
-all delivery futures: the producer batches per partition (``linger_ms``), and
-aiokafka sends one request per broker at a time, so records of one key stay
-in order.
+``publish`` fills one record batch per partition (the producer's own
+partitioner picks it from the key, as its ``send`` would), hands each over
+whole when it is full or the events run out, then awaits the batches' acks.
+aiokafka sends one request per broker at a time and a partition's batches in
+the order they came, so records of one key stay in order.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import aiokafka.errors as kerrors
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 from bridge.events import Event
@@ -175,6 +178,8 @@ class KafkaSink:
                 ctx.load_cert_chain(ssl_certfile, ssl_keyfile)
             self._options["ssl_context"] = ctx
         self._producer: AIOKafkaProducer | None = None
+        # The producer's default partitioner (murmur2 of the key), which ``send`` would use.
+        self._partitioner = DefaultPartitioner()
 
     @classmethod
     def from_settings(cls, k: KafkaSettings) -> KafkaSink:
@@ -231,6 +236,13 @@ class KafkaSink:
             topic = self._topics[cache_key] = self.topic.format(**event_coordinates(event))
         return topic
 
+    def _record(self, e: Event) -> tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]:
+        """``(topic, key, value, headers)`` of one event's record."""
+        if self.state_table and e.type != HEARTBEAT_TYPE:
+            value = None if e.removes else orjson.dumps(e.data.get("object"))
+            return self.topic_for(e), state_key(e), value, e.headers
+        return self.topic_for(e), e.key, e.to_json(), e.headers
+
     async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         producer = self._producer
         if producer is None:
@@ -238,48 +250,86 @@ class KafkaSink:
         if not events:
             return {}
         refused: dict[int, str] = {}
-        futures: list[tuple[int, asyncio.Future[Any]]] = []
+        # One record batch per partition, filled here and handed over whole: the
+        # producer's per-record ``send`` (a coroutine, a metadata wait and a
+        # delivery future per record, then a gather over them) cost more than
+        # the records themselves. A batch lands or fails as one, as the
+        # producer's own batches do.
+        submitted: list[tuple[list[int], asyncio.Future[Any]]] = []
+        open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+        partitions: dict[str, tuple[list[int], list[int]]] = {}
+        cluster = producer.client.cluster
+        limit = self._options["max_request_size"]
+        estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
         try:
             async with asyncio.timeout(self.delivery_timeout):
                 for i, e in enumerate(events):
-                    try:
-                        if self.state_table and e.type != HEARTBEAT_TYPE:
-                            value = None if e.removes else orjson.dumps(e.data.get("object"))
-                            fut = await producer.send(
-                                self.topic_for(e), value, key=state_key(e), headers=e.headers
-                            )
-                        else:
-                            fut = await producer.send(
-                                self.topic_for(e), e.to_json(), key=e.key, headers=e.headers
-                            )
-                    except kerrors.MessageSizeTooLargeError as exc:
-                        # Known before sending (sink.kafka.maxRequestSize): refused, the rest go on.
-                        refused[i] = f"{exc} (sink.kafka.maxRequestSize)"
+                    topic, key, value, headers = self._record(e)
+                    size = estimate(key, value, headers)
+                    if size > limit:
+                        # Known before sending: refused, the rest go on.
+                        refused[i] = (
+                            f"the record is {size} bytes, over the {limit} bytes a request"
+                            " may carry (sink.kafka.maxRequestSize)"
+                        )
                         continue
-                    futures.append((i, fut))
-                results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+                    known = partitions.get(topic)
+                    if known is None:
+                        await producer.partitions_for(topic)  # waits for the topic's metadata
+                        known = partitions[topic] = (
+                            sorted(cluster.partitions_for_topic(topic)),
+                            sorted(cluster.available_partitions_for_topic(topic)),
+                        )
+                    # The producer's own choice for a keyed record: same key, same partition.
+                    partition = self._partitioner(key, *known)
+                    slot = open_batches.get((topic, partition))
+                    if slot is None:
+                        slot = open_batches[(topic, partition)] = (producer.create_batch(), [])
+                    builder, indices = slot
+                    if (
+                        builder.append(timestamp=None, key=key, value=value, headers=headers)
+                        is None
+                    ):
+                        # Full: it goes now, and a new one takes this record (a
+                        # batch's first record always fits).
+                        fut = await producer.send_batch(builder, topic, partition=partition)
+                        submitted.append((indices, fut))
+                        builder, indices = producer.create_batch(), []
+                        open_batches[(topic, partition)] = (builder, indices)
+                        builder.append(timestamp=None, key=key, value=value, headers=headers)
+                    indices.append(i)
+                for (topic, partition), (builder, indices) in open_batches.items():
+                    fut = await producer.send_batch(builder, topic, partition=partition)
+                    submitted.append((indices, fut))
+                open_batches.clear()
+                failures: list[tuple[list[int], BaseException]] = []
+                for indices, fut in submitted:
+                    try:
+                        await fut
+                    except kerrors.KafkaError as exc:
+                        failures.append((indices, exc))
         except _UNAVAILABLE as exc:
             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
         except kerrors.KafkaError as exc:
             raise self._translate(exc) from exc
         finally:
+            for builder, _ in open_batches.values():
+                builder.close()  # filled, never handed over: nothing of it is sent
             # Futures still pending after a failure must not log "exception never retrieved".
-            for _, fut in futures:
+            for _, fut in submitted:
                 if fut.done() and not fut.cancelled():
                     fut.exception()
                 elif not fut.done():
                     fut.cancel()
-        for (i, _), result in zip(futures, results, strict=True):
-            if not isinstance(result, BaseException):
-                continue
-            if isinstance(result, _UNAVAILABLE):
-                raise SinkUnavailableError(f"Kafka at {self.where}: {result!r}") from result
-            if not isinstance(result, kerrors.KafkaError):
-                raise result
-            error = self._translate(result)
-            if isinstance(error, SinkUnavailableError) or self._fatal(result):
-                raise error from result
-            refused[i] = f"Kafka refused the record: {result!r}"
+        for indices, failure in failures:
+            if isinstance(failure, _UNAVAILABLE):
+                raise SinkUnavailableError(f"Kafka at {self.where}: {failure!r}") from failure
+            assert isinstance(failure, kerrors.KafkaError)
+            error = self._translate(failure)
+            if isinstance(error, SinkUnavailableError) or self._fatal(failure):
+                raise error from failure
+            for i in indices:
+                refused[i] = f"Kafka refused the record: {failure!r}"
         return refused
 
     def _idempotence_refused(self, exc: BaseException) -> bool:
