@@ -32,7 +32,7 @@ import gc
 import platform
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,12 @@ import orjson
 
 from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
 from bench.decode import make_pod
+from bench.slowbus import DelayedAckSink
 from bridge import gctune
 from bridge.app import object_decoder
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.events import Event, EventBuilder
+from bridge.events import EventBuilder
 from bridge.kube.objects import WatchEvent
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import ReflectorSettings
@@ -70,30 +71,6 @@ class _LineServer(ScriptedListerWatcher):
             if i % 64 == 0:
                 await asyncio.sleep(0)
             yield decode(line)
-
-
-class _AckingSink:
-    """A bus that takes every batch at once."""
-
-    def __init__(self) -> None:
-        self.published = 0
-
-    async def start(self) -> None:
-        pass
-
-    async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
-        self.published += len(events)
-        return {}
-
-    async def ping(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-    @property
-    def where(self) -> str:
-        return "memory"
 
 
 def _bursts(pods: list[dict[str, Any]], rounds: int, first_rv: int) -> list[list[bytes]]:
@@ -139,7 +116,7 @@ async def measure(n: int, bursts: int) -> tuple[list[float], list[float], int]:
     del listed
     scripts = _bursts(pods, bursts, 1000 + n)
     size = sum(map(len, scripts[0][:100])) // 100
-    sink = _AckingSink()
+    sink = DelayedAckSink(0.0)  # a bus that takes every batch at once
     pipeline = ResourcePipeline(
         resource_id="v1/pods",
         lw=lw,
