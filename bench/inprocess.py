@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
     r_best, r_median = min(reader), statistics.median(reader)
     print(f"{args.objects:,} pods, {args.bursts} bursts of MODIFIED lines of ~{size:,} bytes")
     print(
-        f"  bridge         µs/event best {best:6.2f}  median {median:6.2f}  each {bridge_str(bridge)}"
+        f"  bridge         µs/event best {best:6.2f}  median {median:6.2f}  each {', '.join(f'{v:.1f}' for v in bridge)}"
     )
     print(f"  minimal reader µs/event best {r_best:6.2f}  median {r_median:6.2f}")
     print(f"  bridge / reader (medians) {median / r_median:.2f}")
@@ -204,7 +204,3 @@ def main(argv: list[str]) -> int:
         update_benchmarks_md(Path(args.output), SECTION, body)
         print(f"  wrote section {SECTION!r} of {args.output}")
     return 0
-
-
-def bridge_str(values: list[float]) -> str:
-    return ", ".join(f"{v:.1f}" for v in values)

@@ -275,34 +275,34 @@ class KafkaSink:
                         continue
                     known = partitions.get(topic)
                     if known is None:
-                        await producer.partitions_for(topic)  # waits for the topic's metadata
+                        # Waits for the topic's metadata, as ``send`` does.
                         known = partitions[topic] = (
-                            sorted(cluster.partitions_for_topic(topic)),
+                            sorted(await producer.partitions_for(topic)),
                             sorted(cluster.available_partitions_for_topic(topic)),
                         )
                     # The producer's own choice for a keyed record: same key, same partition.
                     partition = self._partitioner(key, *known)
                     slot = open_batches.get((topic, partition))
-                    if slot is None:
-                        slot = open_batches[(topic, partition)] = (producer.create_batch(), [])
-                    builder, indices = slot
-                    if (
-                        builder.append(timestamp=None, key=key, value=value, headers=headers)
-                        is None
-                    ):
-                        # Full: it goes now, and a new one takes this record (a
-                        # batch's first record always fits).
+                    if slot is not None:
+                        builder, indices = slot
+                        added = builder.append(
+                            timestamp=None, key=key, value=value, headers=headers
+                        )
+                        if added is not None:
+                            indices.append(i)
+                            continue
+                        # Full: it goes now, and a new one takes this record.
                         fut = await producer.send_batch(builder, topic, partition=partition)
                         submitted.append((indices, fut))
-                        builder, indices = producer.create_batch(), []
-                        open_batches[(topic, partition)] = (builder, indices)
-                        builder.append(timestamp=None, key=key, value=value, headers=headers)
-                    indices.append(i)
+                    builder = producer.create_batch()
+                    # A batch's first record always fits.
+                    builder.append(timestamp=None, key=key, value=value, headers=headers)
+                    open_batches[(topic, partition)] = (builder, [i])
                 for (topic, partition), (builder, indices) in open_batches.items():
                     fut = await producer.send_batch(builder, topic, partition=partition)
                     submitted.append((indices, fut))
                 open_batches.clear()
-                failures: list[tuple[list[int], BaseException]] = []
+                failures: list[tuple[list[int], kerrors.KafkaError]] = []
                 for indices, fut in submitted:
                     try:
                         await fut
@@ -324,7 +324,6 @@ class KafkaSink:
         for indices, failure in failures:
             if isinstance(failure, _UNAVAILABLE):
                 raise SinkUnavailableError(f"Kafka at {self.where}: {failure!r}") from failure
-            assert isinstance(failure, kerrors.KafkaError)
             error = self._translate(failure)
             if isinstance(error, SinkUnavailableError) or self._fatal(failure):
                 raise error from failure
