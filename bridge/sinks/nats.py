@@ -46,6 +46,9 @@ MSG_ID = "Nats-Msg-Id"
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
 _NO_STREAM = "no responders"
+# Frames are written to the socket in pieces of about this size (``_send``): below
+# glibc's mmap threshold as the bridge sets it (bridge/runtime.py).
+WRITE_PIECE = 64 << 10
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]
 
@@ -211,17 +214,45 @@ class JetStreamPublisher:
         return batch
 
     async def _send(self, frames: list[bytes]) -> None:
-        """Queue ready-made PUB/HPUB frames on the connection and flush them at once.
+        """Hand ready-made PUB/HPUB frames to the connection, in order.
 
         nats-py offers no batch publish: ``publish`` re-encodes headers and
         queues one frame per await. Its outgoing queue (``_pending``, flushed by
         its flusher task, buffered while reconnecting) is where each of those
-        frames ends up, so the frames go there directly, with the same checks.
+        frames ends up. While that queue is empty, everything queued before
+        these frames is already with the socket, so they go to the socket too,
+        in pieces below ``WRITE_PIECE``: the flusher joins its whole queue into
+        one buffer (1.4 MB for a batch of 500 pods), which on Python 3.11 is
+        freshly mapped memory each time, 0.8 ms of page faults per batch.
+        Otherwise (reconnecting, or frames still queued) they join the queue,
+        with nats-py's own checks.
         """
         nc = self._nc
         if nc.is_closed:
             raise nats.errors.ConnectionClosedError
         size = sum(map(len, frames))
+        transport = nc._transport
+        if nc.is_connected and not nc._pending and transport is not None:
+            nc.stats["out_msgs"] += len(frames)
+            nc.stats["out_bytes"] += size
+            piece: list[bytes] = []
+            piece_size = 0
+            try:
+                for frame in frames:
+                    piece.append(frame)
+                    piece_size += len(frame)
+                    if piece_size >= WRITE_PIECE:
+                        transport.write(b"".join(piece))
+                        piece, piece_size = [], 0
+                if piece:
+                    transport.write(b"".join(piece))
+                # As the flusher does after a write: wait while the socket is backed up.
+                await transport.drain()
+            except OSError as exc:
+                # The connection broke under the write: nats-py reconnects, and the
+                # batch is resent from its first unacknowledged message.
+                raise nats.errors.UnexpectedEOF() from exc
+            return
         if not nc.is_connected and (
             nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size
         ):

@@ -269,6 +269,43 @@ async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
     assert msgs[4].headers == {MSG_ID: "uid:5"}
 
 
+async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_whole(
+    nats_server: str, client: Client
+) -> None:
+    """A batch goes to the socket itself, in pieces, only when nothing is queued on the
+    connection: a message nats-py still holds leaves first, and every piece lands."""
+    from bridge.sinks.nats import WRITE_PIECE, JetStreamPublisher
+
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
+    publisher = JetStreamPublisher(client)
+    await publisher.start()
+    subject = f"raw.{cluster}.one"
+    payloads = [i.to_bytes(4, "big") * 750 for i in range(400)]  # 3 KB each
+    assert sum(map(len, payloads)) > 10 * WRITE_PIECE
+    try:
+        # Queued by nats-py; its flusher has not run yet.
+        await client.publish(subject, b"queued first", headers={MSG_ID: "first"})
+        assert client._pending
+        first = await publisher.publish(
+            [(subject, p, {MSG_ID: f"a{i}"}) for i, p in enumerate(payloads)]
+        )
+        # Nothing queued now: this one goes to the socket directly.
+        assert not client._pending
+        second = await publisher.publish(
+            [(subject, p, {MSG_ID: f"b{i}"}) for i, p in enumerate(payloads)]
+        )
+    finally:
+        await publisher.stop()
+    assert all(first.acked) and all(second.acked)
+    msgs = await stream_messages(client, stream)
+    assert [m.headers[MSG_ID] for m in msgs] == (
+        ["first"] + [f"a{i}" for i in range(400)] + [f"b{i}" for i in range(400)]
+    )
+    assert [m.data for m in msgs] == [b"queued first", *payloads, *payloads]
+
+
 async def test_server_restart_mid_batch_keeps_per_subject_order(nats_control: NatsServer) -> None:
     """A batch cut by a server restart, retried as the pipeline does, lands in order per subject.
 
