@@ -7,7 +7,8 @@ a method either completes without awaiting or waits on an explicit condition.
 - ``DeltaFIFO`` groups deltas per key; keys pop in order of first arrival, each
   pop hands over every delta queued for that key.
 - ``RealFIFO`` (client-go's ``InOrderInformers``, the default since 1.33) keeps
-  strict arrival order across keys and pops one delta at a time.
+  strict arrival order across keys and pops one delta at a time, or a run of
+  them (``pop_batch``, as client-go's ``PopBatch`` since 1.34).
 
 ``has_synced`` turns true once every item queued by the first ``replace``
 (tombstones included) has been popped *and* processed, so a caller that sees
@@ -50,6 +51,7 @@ __all__ = [
     "FIFOClosedError",
     "KeyFunc",
     "KeyListerGetter",
+    "PopBatchProcessFunc",
     "PopProcessFunc",
     "RealFIFO",
 ]
@@ -85,6 +87,7 @@ class KeyListerGetter(Protocol):
 
 KeyFunc = Callable[[CachedObject], str]
 PopProcessFunc = Callable[[list[Delta], bool], Awaitable[None]]
+PopBatchProcessFunc = Callable[[deque[Delta], bool], Awaitable[None]]
 
 # A streamed replace lets the consumer run after this many items. Short-lived
 # items die young: at 64, items waiting in the queue outlived enough gen-0
@@ -245,11 +248,12 @@ class _FIFOBase:
         known = self._known_objects
         return known is not None and bool(known.list_keys())
 
-    def _processed(self) -> None:
-        self._in_process -= 1
-        self.processed_total += 1
+    def _processed(self, popped: int = 1, done: int = 1) -> None:
+        """``popped`` items are out of process, ``done`` of them processed."""
+        self._in_process -= popped
+        self.processed_total += done
         if self._initial_population_count > 0:
-            self._initial_population_count -= 1
+            self._initial_population_count = max(0, self._initial_population_count - done)
             if self._initial_population_count == 0:
                 self._synced_waiters.notify_all()
 
@@ -589,6 +593,36 @@ class RealFIFO(_FIFOBase):
             await process([delta], is_in_initial_list)
         finally:
             self._processed()
+
+    async def pop_batch(self, process: PopBatchProcessFunc, limit: int) -> None:
+        """Pop up to ``limit`` deltas at once, in arrival order, and hand them to ``process``.
+
+        What a consumer pays per pop (a wait, a wake-up, its own lock) is paid
+        once per run of deltas that arrived together: in a burst of updates that
+        was ~4 µs of the bridge's ~35 µs per event (bench inprocess). The deltas
+        share ``is_in_initial_list``, so a batch never runs past the end of the
+        first list. ``process`` takes each delta off the front of ``batch`` as it
+        handles it: a delta taken counts as processed, as a popped one does in
+        ``pop``, and those still in ``batch`` when it returns or raises (cancelled
+        mid-batch) count as never processed, so no one reading
+        ``processed_total`` takes them for done. client-go's ``PopBatch`` also
+        closes a batch at a repeated key, for handlers that take a batch as a
+        set; ``process`` here handles deltas one by one, in order, so a key may
+        repeat.
+        """
+        await self._wait_for_item()
+        is_in_initial_list = not self.has_synced()
+        items = self._items
+        n = min(limit, len(items))
+        if 0 < self._initial_population_count < n:
+            n = self._initial_population_count
+        batch = deque([items.popleft() for _ in range(n)])
+        self._in_process += n
+        self._has_room.notify_all()
+        try:
+            await process(batch, is_in_initial_list)
+        finally:
+            self._processed(n, n - len(batch))
 
     def _append(self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._items.append(Delta(delta_type, obj))

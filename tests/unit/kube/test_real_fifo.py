@@ -1,8 +1,9 @@
-"""RealFIFO: strict arrival order across keys, one delta per pop (client-go the_real_fifo.go)."""
+"""RealFIFO: strict arrival order across keys, one delta per pop or a run of them (client-go the_real_fifo.go)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 import pytest
 
@@ -204,3 +205,70 @@ async def test_backpressure_counts_items_not_keys() -> None:
     assert not third.done()
     await fifo.pop(drop)
     await asyncio.wait_for(third, 1)
+
+
+# -- pop_batch: a run of deltas per pop ---------------------------------------------
+
+
+async def test_a_batch_is_what_was_queued_in_arrival_order_up_to_its_limit() -> None:
+    fifo = RealFIFO()
+    for i in range(5):
+        await fifo.add(pod(f"p{i}", i + 1))
+    await fifo.update(pod("p0", 9))  # a key may repeat within a batch
+    seen: list[tuple[str, str, bool]] = []
+
+    async def handle(batch: deque[Delta], is_in_initial_list: bool) -> None:
+        while batch:
+            d = batch.popleft()
+            seen.append((str(d.type), namespace_key(d.object), is_in_initial_list))
+
+    await fifo.pop_batch(handle, 4)
+    assert len(seen) == 4 and len(fifo) == 2
+    await fifo.pop_batch(handle, 4)
+    assert [(t, k) for t, k, _ in seen] == [
+        *(("Added", f"ns1/p{i}") for i in range(5)),
+        ("Updated", "ns1/p0"),
+    ]
+    assert fifo.processed_total == fifo.queued_total == 6
+
+
+async def test_a_batch_never_runs_past_the_end_of_the_first_list() -> None:
+    """Its deltas share ``is_in_initial_list``: the first list's last item ends a batch."""
+    fifo = RealFIFO(known_objects=Indexer(key_func=namespace_key))
+    await fifo.replace([pod("a", 1), pod("b", 2), pod("c", 3)], "3")
+    await fifo.add(pod("d", 4))
+    await fifo.update(pod("a", 5))
+    batches: list[tuple[list[str], bool]] = []
+
+    async def handle(batch: deque[Delta], is_in_initial_list: bool) -> None:
+        batches.append(([namespace_key(d.object) for d in batch], is_in_initial_list))
+        batch.clear()
+
+    await fifo.pop_batch(handle, 100)
+    assert batches == [(["ns1/a", "ns1/b", "ns1/c"], True)]
+    assert fifo.has_synced()
+    await fifo.pop_batch(handle, 100)
+    assert batches[1] == (["ns1/d", "ns1/a"], False)
+
+
+async def test_deltas_left_in_a_cancelled_batch_never_count_as_processed() -> None:
+    """Whoever ties a resourceVersion to ``processed_total`` (the watermark) must not
+    take the deltas a cancelled batch never reached for done."""
+    fifo = RealFIFO(known_objects=Indexer(key_func=namespace_key))
+    await fifo.replace([pod(f"p{i}", i + 1) for i in range(5)], "5")
+    started = asyncio.Event()
+
+    async def handle(batch: deque[Delta], is_in_initial_list: bool) -> None:
+        batch.popleft()
+        batch.popleft()  # two taken, as the informer takes each before handling it
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(fifo.pop_batch(handle, 100))
+    await asyncio.wait_for(started.wait(), 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fifo.processed_total == 2
+    assert not fifo.has_synced()
+    assert fifo.is_idle()  # nothing in process, nothing queued: the three are gone
