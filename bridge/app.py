@@ -382,7 +382,6 @@ class BridgeApp:
             "runtime configured",
             switch_interval=tuning.switch_interval,
             mmap_threshold=tuning.mmap_threshold,
-            socket_read_size=tuning.socket_read_size,
         )
         token = s.server.control_token
         self.health = HealthServer(

@@ -45,8 +45,8 @@ _FREED_LARGE_BLOCKS = textwrap.dedent(
     once = bytearray(4 << 20)  # mapped on its own; its free raises glibc's threshold
     del once
     large, small = [], []
-    for _ in range(200):
-        large.append(bytearray(200 << 10))
+    for _ in range(60):
+        large.append(bytearray(700 << 10))  # above the threshold the bridge sets
         small.append(bytearray(600))
     before = rss()
     del large
@@ -72,27 +72,15 @@ def _given_back(mode: str) -> int:
     reason="glibc's mallopt",
 )
 def test_large_blocks_go_back_to_the_os_when_freed() -> None:
-    """40 MB of 200 KiB blocks: with glibc's moving threshold they came from the heap
+    """42 MB of 700 KiB blocks: with glibc's moving threshold they came from the heap
     and stayed with the process once freed; with the threshold fixed, they go back."""
+    assert runtime.MMAP_THRESHOLD < 700 << 10
     assert _given_back("default") < 10
-    assert _given_back("configured") >= 35
+    assert _given_back("configured") >= 37
 
 
-def test_configure_sets_asyncios_socket_read_size() -> None:
-    from asyncio import selector_events, sslproto
-
-    transport, tls = selector_events._SelectorSocketTransport, sslproto.SSLProtocol
-    before = transport.max_size, tls.max_size
-    try:
-        assert runtime.configure().socket_read_size == runtime.SOCKET_READ_SIZE
-        assert transport.max_size == tls.max_size == runtime.SOCKET_READ_SIZE
-        assert runtime.SOCKET_READ_SIZE < runtime.MMAP_THRESHOLD
-    finally:
-        transport.max_size, tls.max_size = before
-
-
-# 20 MB through a socket read by an asyncio transport, with glibc's mmap threshold
-# fixed as the bridge fixes it; prints the page faults the process took meanwhile.
+# 20 MB through a socket read by an asyncio transport, which reads into a new
+# 256 KiB buffer each time; prints the page faults the process took meanwhile.
 _SOCKET_READS = textwrap.dedent(
     """
     import asyncio, resource, socket, sys, threading
@@ -102,7 +90,7 @@ _SOCKET_READS = textwrap.dedent(
     if sys.argv[1] == "configured":
         runtime.configure()
     else:
-        runtime.c_function("mallopt")(-3, runtime.MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+        runtime.c_function("mallopt")(-3, 128 << 10)  # M_MMAP_THRESHOLD at glibc's initial
     TOTAL = 200 * (100 << 10)
 
 
@@ -148,10 +136,11 @@ def _faults_reading(mode: str) -> int:
     runtime.c_function("mallopt") is None or not sys.platform.startswith("linux"),
     reason="glibc's mallopt",
 )
-def test_socket_reads_reuse_heap_memory_instead_of_mapping_fresh_pages() -> None:
-    """With 256 KiB reads each read's buffer was a fresh mapping, its pages faulted
-    in as the kernel filled them (~5,000 faults for 20 MB); at 64 KiB they come
-    from the heap, already faulted in."""
-    default, configured = _faults_reading("default"), _faults_reading("configured")
-    assert default > 2_000
-    assert configured < default / 5
+def test_blocks_made_for_every_socket_read_come_from_the_heap_not_fresh_pages() -> None:
+    """Below the threshold, each read's 256 KiB buffer was a mapping of its own, its
+    pages faulted in as the kernel filled them (~5,000 faults for 20 MB); at the
+    bridge's threshold they come from the heap, already faulted in."""
+    assert runtime.MMAP_THRESHOLD > 256 << 10
+    at_128k, configured = _faults_reading("128k"), _faults_reading("configured")
+    assert at_128k > 2_000
+    assert configured < at_128k / 5
