@@ -6,15 +6,20 @@ The project's emulator runs in this process with N realistic ~2.5 KB Pods;
 nats-server (JetStream on disk) and Tansu (Kafka protocol, in memory) run as
 local processes started and stopped here. For each bus:
 
-  list   a ``ResourcePipeline`` (emulator over HTTP, SQLite checkpoints, the
+  stream a ``ResourcePipeline`` (emulator over HTTP, SQLite checkpoints, the
          real sink) from start until all N events are acknowledged, and on
          until its checkpoint is committed at the emulator's resourceVersion;
+         its first list is a streaming list (``sendInitialEvents``), the
+         default where the server offers it;
   burst  N real changes (one label per Pod) applied to the emulator at once
-         while that pipeline runs, until acknowledged, and until checkpointed.
+         while that pipeline runs, until acknowledged, and until checkpointed;
+  list   the same as *stream* with a fresh pipeline whose first list is one
+         LIST (``resourceVersion=0``, one body; ``informer.watchList: off``).
 
-The ceilings read the same N objects from the emulator as raw JSON (a LIST
-for the initial list, the watch history of the burst for the burst), parse
-each with orjson and publish it without waiting for each ack: core-NATS
+The ceilings read the same N objects from the emulator as raw JSON the same
+way the bridge read them (the streaming list's watch lines, one LIST, the
+watch history of the burst), parse each with orjson and publish it without
+waiting for each ack: core-NATS
 ``publish`` then one flush (nothing stores or acks it); aiokafka ``send``
 without awaiting each delivery, then one flush (which returns once every batch
 is acknowledged, acks=all). For NATS, a second ceiling publishes the same
@@ -40,9 +45,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import nats
@@ -68,6 +73,14 @@ from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
 
 SECTION = "End to end"
 RESOURCE_ID = "core/v1/pods"
+# The initial list as a streaming list, then the burst (one pipeline); the initial
+# list as one LIST (another).
+PHASES = ("stream", "burst", "list")
+PHASE_LABELS = {
+    "stream": "initial list, streaming (`sendInitialEvents`)",
+    "list": "initial list, one LIST (`resourceVersion=0`)",
+    "burst": "burst of updates",
+}
 
 
 @dataclass
@@ -161,9 +174,10 @@ async def run_e2e(
     timeout: float,
     gc_freeze: bool = False,
     whole: bool = False,
-) -> tuple[Timing, Timing, int]:
-    """Seconds for the initial list and for the burst, each to the last ack and to the
-    checkpoint; the RV the burst started after."""
+    list_only: bool = False,
+) -> tuple[Timing, Timing | None, int]:
+    """Seconds for the initial list and for the burst (None: ``list_only``), each to the
+    last ack and to the checkpoint; the RV the burst started after."""
     n = len(pods)
     client = await KubeClient.from_kubeconfig(str(kubeconfig))
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
@@ -193,6 +207,8 @@ async def run_e2e(
             start = time.perf_counter()
             task = asyncio.create_task(pipeline.run())
             listed = await _timed(pipeline, task, want, n, start, timeout)
+            if list_only:
+                return listed, None, emu.resource_version
             if gc_freeze:
                 gctune.freeze()  # as the app does once every resource has synced
 
@@ -239,8 +255,26 @@ async def fetch_watch(
     http: aiohttp.ClientSession, url: str, after: int, n: int
 ) -> list[dict[str, Any]]:
     """The burst's N events from the emulator's watch history, parsed one line at a time."""
-    objects: list[dict[str, Any]] = []
     params = {"watch": "1", "resourceVersion": str(after), "allowWatchBookmarks": "false"}
+    return await _watch_objects(http, url, params, n)
+
+
+async def fetch_stream_list(http: aiohttp.ClientSession, url: str, n: int) -> list[dict[str, Any]]:
+    """The N objects of a streaming list (``sendInitialEvents``), parsed one line at a time."""
+    params = {
+        "watch": "1",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+    }
+    return await _watch_objects(http, url, params, n)
+
+
+async def _watch_objects(
+    http: aiohttp.ClientSession, url: str, params: dict[str, str], n: int
+) -> list[dict[str, Any]]:
+    """The objects of the first N non-bookmark events of a watch."""
+    objects: list[dict[str, Any]] = []
     async with http.get(f"{url}/api/v1/pods", params=params) as resp:
         resp.raise_for_status()
         buf = b""
@@ -249,7 +283,9 @@ async def fetch_watch(
             *lines, buf = buf.split(b"\n")
             for line in lines:
                 if line:
-                    objects.append(orjson.loads(line)["object"])
+                    event = orjson.loads(line)
+                    if event["type"] != "BOOKMARK":
+                        objects.append(event["object"])
             if len(objects) >= n:
                 break
     return objects[:n]
@@ -376,12 +412,7 @@ async def bench_bus(
 ) -> BusResult:
     n = len(pods)
     result = BusResult(bus)
-    sink: Sink
-    if bus == "nats":
-        # Each round has a server of its own: the default stream and subjects.
-        sink = NatsSink([address])
-    else:
-        sink = KafkaSink([address], topic=f"bench-e2e-{round_}", enable_idempotence=False)
+    sink = _sink(bus, address, round_)
     settings = PipelineSettings(
         flush_interval=args.flush_interval,
         max_batch=args.max_batch,
@@ -391,28 +422,45 @@ async def bench_bus(
     profiler = cProfile.Profile() if args.profile and bus in args.profile_bus else None
     if profiler is not None:
         profiler.enable()
-    listed, burst, before = await run_e2e(
+    streamed, burst, before = await run_e2e(
         emu,
         kubeconfig,
         pods,
         sink,
         round_,
-        settings,
+        _list_mode(settings, "on"),
         args.timeout,
         args.gc_freeze,
         args.whole_objects,
+    )
+    assert burst is not None
+    # A fresh pipeline, checkpoint and connection, its first list one LIST.
+    sink = _sink(bus, address, round_)
+    listed, _, _ = await run_e2e(
+        emu,
+        kubeconfig,
+        pods,
+        sink,
+        round_,
+        _list_mode(settings, "off"),
+        args.timeout,
+        whole=args.whole_objects,
+        list_only=True,
     )
     if profiler is not None:
         profiler.disable()
         path = f"{args.profile}.{bus}"
         profiler.dump_stats(path)
         print(f"    profile written to {path}")
-    timings = {"list": listed, "burst": burst}
+    timings = {"stream": streamed, "list": listed, "burst": burst}
     result.seconds = {phase: t.acked for phase, t in timings.items()}
     result.e2e = {phase: n / t.acked for phase, t in timings.items()}
     result.committed = {phase: n / t.committed for phase, t in timings.items()}
 
     async with aiohttp.ClientSession() as http:
+
+        async def streaming() -> list[dict[str, Any]]:
+            return await fetch_stream_list(http, emu.url, n)
 
         async def listing() -> list[dict[str, Any]]:
             return await fetch_list(http, emu.url)
@@ -420,7 +468,7 @@ async def bench_bus(
         async def watching() -> list[dict[str, Any]]:
             return await fetch_watch(http, emu.url, before, n)
 
-        for phase, fetch in (("list", listing), ("burst", watching)):
+        for phase, fetch in (("stream", streaming), ("list", listing), ("burst", watching)):
             if bus == "nats":
                 result.ceiling[phase] = await ceiling_nats(address, fetch, n)
                 result.acked[phase] = await ceiling_jetstream(address, fetch, n, args.max_batch)
@@ -428,7 +476,7 @@ async def bench_bus(
                 result.ceiling[phase] = await ceiling_kafka(
                     address, fetch, n, f"bench-raw-{phase}-{round_}"
                 )
-    for phase in ("list", "burst"):
+    for phase in PHASES:
         e, c = result.e2e[phase], result.ceiling[phase]
         result.ratios[phase] = [e / c]
         k = result.committed[phase]
@@ -439,14 +487,26 @@ async def bench_bus(
             result.acked_ratios[phase] = [e / a]
             acked = f"   JetStream-acked ceiling {a:>9,.0f} ev/s   ratio {e / a:.2f}"
         print(
-            f"  {bus:5s} {phase:5s}  e2e {e:>9,.0f} ev/s ({result.seconds[phase]:.2f}s)"
+            f"  {bus:5s} {phase:6s}  e2e {e:>9,.0f} ev/s ({result.seconds[phase]:.2f}s)"
             f"   ceiling {c:>9,.0f} ev/s   ratio {e / c:.2f}{acked}"
         )
         print(
-            f"  {bus:5s} {phase:5s}  to the checkpoint {k:>9,.0f} ev/s "
+            f"  {bus:5s} {phase:6s}  to the checkpoint {k:>9,.0f} ev/s "
             f"({timings[phase].committed:.2f}s)   ratio {k / c:.2f}"
         )
     return result
+
+
+def _sink(bus: str, address: str, round_: int) -> Sink:
+    if bus == "nats":
+        # Each round has a server of its own: the default stream and subjects.
+        return NatsSink([address])
+    return KafkaSink([address], topic=f"bench-e2e-{round_}", enable_idempotence=False)
+
+
+def _list_mode(settings: PipelineSettings, watch_list: Literal["on", "off"]) -> PipelineSettings:
+    """``settings`` whose first list is a streaming list ("on") or one LIST ("off")."""
+    return replace(settings, reflector=replace(settings.reflector, watch_list=watch_list))
 
 
 async def _run(args: argparse.Namespace) -> list[BusResult]:
@@ -478,7 +538,7 @@ async def _run(args: argparse.Namespace) -> list[BusResult]:
                     if best is None:
                         best = r
                     else:
-                        for phase in ("list", "burst"):
+                        for phase in PHASES:
                             if r.e2e[phase] > best.e2e[phase]:
                                 best.e2e[phase] = r.e2e[phase]
                                 best.seconds[phase] = r.seconds[phase]
@@ -550,7 +610,7 @@ def render(results: list[BusResult], args: argparse.Namespace) -> str:
     rows = []
     names = {"nats": "NATS JetStream", "kafka": "Kafka (Tansu)"}
     for r in results:
-        for phase, label in (("list", "initial list"), ("burst", "burst of updates")):
+        for phase, label in PHASE_LABELS.items():
             e, c = r.e2e[phase], r.ceiling[phase]
             ratios = sorted(r.ratios[phase])
             committed = sorted(r.committed_ratios[phase])
@@ -564,7 +624,7 @@ def render(results: list[BusResult], args: argparse.Namespace) -> str:
     table = "\n".join(rows)
     acked_rows = []
     for r in results:
-        for phase, label in (("list", "initial list"), ("burst", "burst of updates")):
+        for phase, label in PHASE_LABELS.items():
             if phase not in r.acked:
                 continue
             ratios = sorted(r.acked_ratios[phase])
@@ -579,13 +639,16 @@ each) in the project's emulator, in the benchmark's process. *e2e*: a
 CloudEvents → the real sink → SQLite checkpoint; default pipeline settings,
 batches of at most {args.max_batch} events, checkpoint every {args.flush_interval} s) from start until
 every event is acknowledged (JetStream PubAck with `Nats-Msg-Id` dedup / Kafka
-acks=all); then {args.objects:,} label changes applied to the emulator at once, until
-every one is acknowledged again. That is the issue's measure (emulator →
-bridge → bus acks); *to the checkpoint* runs on until the checkpoint is
-committed at the emulator's resourceVersion, which waits for the next commit
-after the last ack (its write-ahead rows were stored before each publish).
-*Ceiling*: the same objects read from the emulator as raw JSON (one LIST;
-the burst's watch history), `orjson.loads` each, publish without waiting for
+acks=all), its first list a streaming list; then {args.objects:,} label changes applied
+to the emulator at once, until every one is acknowledged again; then a fresh
+pipeline whose first list is one LIST (`informer.watchList: off`). That is
+the issue's measure (emulator → bridge → bus acks); *to the checkpoint* runs
+on until the checkpoint is committed at the emulator's resourceVersion, which
+waits for the next commit after the last ack (its write-ahead rows were
+stored before each publish). *Ceiling*: the same objects read from the
+emulator as raw JSON the way the bridge read them (the streaming list's watch
+lines; one LIST; the burst's watch history), `orjson.loads` each (the LIST
+whole), publish without waiting for
 each ack (core-NATS `publish` + one flush, which nothing stores or acks /
 aiokafka `send` + one flush, which returns once acks=all came for every batch), with
 the cyclic GC paused (it holds all {args.objects:,} parsed objects at once; collections
