@@ -8,7 +8,8 @@ a method either completes without awaiting or waits on an explicit condition.
   pop hands over every delta queued for that key.
 - ``RealFIFO`` (client-go's ``InOrderInformers``, the default since 1.33) keeps
   strict arrival order across keys and pops one delta at a time, or a run of
-  them (``pop_batch``, as client-go's ``PopBatch`` since 1.34).
+  them (``pop_batch``, as client-go's ``PopBatch`` under its
+  ``InOrderInformersBatchProcess`` feature gate).
 
 ``has_synced`` turns true once every item queued by the first ``replace``
 (tombstones included) has been popped *and* processed, so a caller that sees
