@@ -55,10 +55,10 @@ _FREED_LARGE_BLOCKS = textwrap.dedent(
 )
 
 
-def _given_back(mode: str) -> int:
-    # A process of its own: the threshold is process-wide and moves with its history.
+def _printed_by(script: str, mode: str) -> int:
+    # A process of its own: the thresholds are process-wide and move with its history.
     out = subprocess.run(
-        [sys.executable, "-c", _FREED_LARGE_BLOCKS, mode],
+        [sys.executable, "-c", script, mode],
         capture_output=True,
         text=True,
         check=True,
@@ -67,10 +67,17 @@ def _given_back(mode: str) -> int:
     return int(out.stdout)
 
 
-@pytest.mark.skipif(
+def _given_back(mode: str) -> int:
+    return _printed_by(_FREED_LARGE_BLOCKS, mode)
+
+
+needs_mallopt = pytest.mark.skipif(
     runtime.c_function("mallopt") is None or not sys.platform.startswith("linux"),
     reason="glibc's mallopt",
 )
+
+
+@needs_mallopt
 def test_large_blocks_go_back_to_the_os_when_freed() -> None:
     """42 MB of 700 KiB blocks: with glibc's moving threshold they came from the heap
     and stayed with the process once freed; with the threshold fixed, they go back."""
@@ -122,20 +129,10 @@ _SOCKET_READS = textwrap.dedent(
 
 
 def _faults_reading(mode: str) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _SOCKET_READS, mode],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    return int(out.stdout)
+    return _printed_by(_SOCKET_READS, mode)
 
 
-@pytest.mark.skipif(
-    runtime.c_function("mallopt") is None or not sys.platform.startswith("linux"),
-    reason="glibc's mallopt",
-)
+@needs_mallopt
 def test_blocks_made_for_every_socket_read_come_from_the_heap_not_fresh_pages() -> None:
     """Below the threshold, each read's 256 KiB buffer was a mapping of its own, its
     pages faulted in as the kernel filled them (~5,000 faults for 20 MB); at the
