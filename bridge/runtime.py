@@ -28,10 +28,10 @@ new buffer of the request's size. During a burst of updates the event loop's
 thread took 2.4-3.3 page faults per event through Kafka and 2.2-2.7 through
 NATS at 128 KiB; 0.8-0.9 through either at 512 KiB, most of them the API
 server emulator's own (bench e2e runs it in the same process), and the loop's
-CPU per Kafka event went from 66-73 µs to 57-63. A 100k-pod first sync peaked
-at the same RSS, within the machine's noise (bench slowbus, with the trim
-threshold below: 289 / 270 / 276 / 242 B per object against 286 / 266 / 269 /
-244 B at 128 KiB, steady 189-210 B against 192-200 B).
+CPU per Kafka event went from 66-73 µs to 57-63. A 100k-pod first sync peaks
+where it did (bench slowbus, with the trim threshold below: 293 / 268 / 275 /
+245 B per object, steady 188-210 B; 294 / 268 / 269 / 246 B and 191-208 B at
+128 KiB the day before; runs differ by up to ±12 B).
 
 Fixing one threshold also fixes the other: the heap's free top is handed back
 to the OS once it exceeds 128 KiB, and a 256 KiB buffer freed at the top of the
