@@ -64,6 +64,10 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+# Where every benchmark writes its section.
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
 def update_benchmarks_md(path: Path, section: str, body: str) -> None:
     """Replace (or append) one ``## section`` of BENCHMARKS.md, leaving the others alone."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -18,13 +18,12 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import cel
 import orjson
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
 from bridge.filters import Filter
 
@@ -119,5 +118,5 @@ def main(argv: list[str]) -> int:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        update_benchmarks_md(Path(__file__).parents[1] / "BENCHMARKS.md", SECTION, body)
+        update_benchmarks_md(BENCHMARKS_MD, SECTION, body)
     return 0

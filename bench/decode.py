@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 
 SECTION = "Watch decode"
 
@@ -360,9 +360,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--events", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--output", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS.md")
-    )
+    parser.add_argument("--output", default=str(BENCHMARKS_MD))
     args = parser.parse_args(argv)
     r = asyncio.run(_run(args))
     a = r["a"]

@@ -54,7 +54,14 @@ import nats
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from bench._support import cpu_model, free_port, process, tune_as_the_app, update_benchmarks_md
+from bench._support import (
+    BENCHMARKS_MD,
+    cpu_model,
+    free_port,
+    process,
+    tune_as_the_app,
+    update_benchmarks_md,
+)
 from bench.decode import make_pod
 from bridge import gctune, runtime
 from bridge.app import object_decoder
@@ -721,9 +728,7 @@ def main(argv: list[str]) -> int:
         default=app.gc_freeze,
         help="gc.freeze() after the initial list, as the app does (informer.gcFreeze)",
     )
-    parser.add_argument(
-        "--output", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS.md")
-    )
+    parser.add_argument("--output", default=str(BENCHMARKS_MD))
     args = parser.parse_args(argv)
     args.bus = [b.strip() for b in args.bus.split(",") if b.strip()]
     args.profile_bus = [b.strip() for b in args.profile_bus.split(",") if b.strip()]

@@ -30,13 +30,12 @@ import gc
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 import xxhash
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
 from bridge import gctune
 from bridge.changes import Change, ChangeKind, Fingerprinter
@@ -192,7 +191,7 @@ def main(argv: list[str]) -> int:
             f" Python {platform.python_version()}.",
         ]
         update_benchmarks_md(
-            Path(__file__).resolve().parent.parent / "BENCHMARKS.md",
+            BENCHMARKS_MD,
             SECTION,
             "\n".join(table),
         )

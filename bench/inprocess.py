@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
 from bench.decode import make_pod
 from bench.slowbus import DelayedAckSink
 from bridge import gctune
@@ -166,9 +166,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--objects", type=int, default=10_000)
     p.add_argument("--bursts", type=int, default=8)
     p.add_argument("--no-write", action="store_true")
-    p.add_argument(
-        "--output", default=str(Path(__file__).resolve().parent.parent / "BENCHMARKS.md")
-    )
+    p.add_argument("--output", default=str(BENCHMARKS_MD))
     args = p.parse_args(argv)
     tune_as_the_app(InformerSettings().gc_threshold)
     bridge, reader, size = asyncio.run(measure(args.objects, args.bursts))

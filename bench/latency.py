@@ -41,7 +41,14 @@ import nats.js.errors
 import orjson
 import yaml
 
-from bench._support import cpu_model, free_port, process, update_benchmarks_md, wait_port
+from bench._support import (
+    BENCHMARKS_MD,
+    cpu_model,
+    free_port,
+    process,
+    update_benchmarks_md,
+    wait_port,
+)
 
 PODS = 200
 
@@ -342,7 +349,7 @@ in the same run, after the bridge.
 
 {table}"""
         update_benchmarks_md(
-            Path(__file__).resolve().parent.parent / "BENCHMARKS.md",
+            BENCHMARKS_MD,
             "Latency (change → JetStream ack)",
             body,
         )

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 
 SECTION = "List memory"
 MODES = ("list", "stream")
@@ -438,7 +438,7 @@ def main(argv: list[str]) -> int:
     print()
     print(body)
     if not args.no_write:
-        update_benchmarks_md(Path(__file__).parent.parent / "BENCHMARKS.md", SECTION, body)
+        update_benchmarks_md(BENCHMARKS_MD, SECTION, body)
     return 0
 
 

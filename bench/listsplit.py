@@ -23,11 +23,10 @@ import json
 import platform
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import orjson
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
 
 SECTION = "List decoding"
@@ -146,5 +145,5 @@ def main(argv: list[str]) -> int:
     print()
     print(body_md)
     if not args.no_write:
-        update_benchmarks_md(Path(__file__).parent.parent / "BENCHMARKS.md", SECTION, body_md)
+        update_benchmarks_md(BENCHMARKS_MD, SECTION, body_md)
     return 0

@@ -28,7 +28,7 @@ from typing import Any
 
 import xxhash
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 
 MODES = {
     "dict": "dict record (before)",
@@ -154,7 +154,5 @@ def main(argv: list[str]) -> int:
             f"Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
             f" Python {platform.python_version()}.",
         ]
-        update_benchmarks_md(
-            Path(__file__).parent.parent / "BENCHMARKS.md", "Cache records", "\n".join(lines)
-        )
+        update_benchmarks_md(BENCHMARKS_MD, "Cache records", "\n".join(lines))
     return 0

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
 
 RESOURCE_ID = "v1/pods"
 WATERMARK = 50_000_000
@@ -224,7 +224,5 @@ def main(argv: list[str]) -> int:
             f" {args.replay:,} replayed echoes. Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
             f" Python {platform.python_version()}.",
         ]
-        update_benchmarks_md(
-            Path(__file__).parent.parent / "BENCHMARKS.md", "Restart", "\n".join(lines)
-        )
+        update_benchmarks_md(BENCHMARKS_MD, "Restart", "\n".join(lines))
     return int(status)

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._support import cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
 from bench.listmem import MODE_NAMES, _reset_peak, _serve_emulator, _status_kb
 
 SECTION = "Slow bus"
@@ -243,9 +243,7 @@ def main(argv: list[str]) -> int:
             f"Best of {args.rounds} round(s) (lowest peak). Measured {time.strftime('%Y-%m-%d')} on {cpu_model()},"
             f" 2 cores, Python {platform.python_version()}.",
         ]
-        update_benchmarks_md(
-            Path(__file__).parent.parent / "BENCHMARKS.md", SECTION, "\n".join(lines)
-        )
+        update_benchmarks_md(BENCHMARKS_MD, SECTION, "\n".join(lines))
     return 0
 
 

@@ -17,12 +17,11 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench._support import cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
 from bridge.changes import Change, ChangeKind, Fingerprinter
 from bridge.events import EventBuilder
@@ -109,9 +108,7 @@ def main(argv: list[str]) -> int:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        update_benchmarks_md(
-            Path(__file__).resolve().parent.parent / "BENCHMARKS.md", SECTION, body
-        )
+        update_benchmarks_md(BENCHMARKS_MD, SECTION, body)
     return 0
 
 
