@@ -13,14 +13,23 @@ arrival order. A batch that is not fully acknowledged (timeout, error,
 disconnect) is resent from its first unacknowledged message onwards, in the
 original order; messages that did land are dropped by the stream's duplicate
 window, as each carries ``Nats-Msg-Id`` = event id.
+
+Both shortcuts (``_send``, ``_take_acks``) reach into nats-py's private parts.
+``JetStreamPublisher.start`` checks they are all there and shaped as expected
+(``_fast_path_fits``); a nats-py that reshaped them gets its public API
+instead (``publish`` per message, a subscription callback per ack): slower,
+never wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import inspect
 import logging
 import re
 import ssl
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +39,7 @@ import nats.errors
 import nats.js.errors
 import orjson
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bridge.errors import SinkError, SinkUnavailableError
@@ -46,6 +56,8 @@ MSG_ID = "Nats-Msg-Id"
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
 _NO_STREAM = "no responders"
+# Where nats-py's public Msg keeps the status of a header block (``NATS/1.0 503``).
+_STATUS = "Status"
 # Frames are written to the socket in pieces of about this size (``_send``): below
 # glibc's mmap threshold as the bridge sets it (bridge/runtime.py).
 WRITE_PIECE = 64 << 10
@@ -94,15 +106,27 @@ class JetStreamPublisher:
         self._seq = 0
         self._window_open = asyncio.Event()
         self._window_open.set()
+        self._fast = True  # decided by ``start``
 
     async def start(self) -> None:
-        self._inbox = self._nc.new_inbox()
-        # No callback and nothing queued: the acks are taken off the connection's
-        # read loop (``_take_acks``), so the subscription only holds the SUB.
-        self._sub = await self._nc.subscribe(
-            self._inbox + ".*", pending_msgs_limit=self._max_in_flight * 4
+        nc = self._nc
+        self._inbox = nc.new_inbox()
+        # With the fallback's callback either way: whether the fast path fits is
+        # known only once the subscription (its private sid) exists.
+        self._sub = sub = await nc.subscribe(
+            self._inbox + ".*", cb=self._ack_msg, pending_msgs_limit=self._max_in_flight * 4
         )
-        _take_acks(self._nc, self._sub._id, self._ack, self._inbox + ".", self._settle)
+        self._fast = _fast_path_fits(nc, sub)
+        if self._fast:
+            # The callback never runs: ``_take_acks`` takes this subscription's
+            # messages off the connection's read loop before nats-py sees them.
+            _take_acks(nc, sub._id, self._ack, self._inbox + ".", self._settle)
+        else:
+            log.warning(
+                "nats-py %s: its internals differ from the ones the fast publish path"
+                " was built for; publishing through its public API (slower)",
+                _nats_py_version(),
+            )
 
     async def stop(self) -> None:
         self.fail_all("publisher stopped")
@@ -128,6 +152,14 @@ class JetStreamPublisher:
         except ValueError:
             return
         self._settle(token, data, headers)
+
+    async def _ack_msg(self, msg: Msg) -> None:
+        """One PubAck (or error) as nats-py's public API hands it over: the fallback's."""
+        status = msg.headers.get(_STATUS) if msg.headers else None
+        # ``_settle`` reads a status from the raw header block the fast path sees.
+        self._ack(
+            msg.subject.encode(), msg.data, b"NATS/1.0 %b\r\n" % status.encode() if status else None
+        )
 
     def _settle(self, token: int, data: bytes, headers: bytes | None = None) -> None:
         """The answer to the message sent with reply token ``token``."""
@@ -197,8 +229,13 @@ class JetStreamPublisher:
                     pending[token] = (batch, i)
                     tokens.append(token)
                     frames.append(_frame(subject, prefix + str(token), payload, headers))
+                if self._fast:
+                    await self._send(frames)
+                else:
+                    # ``_frame`` checked each message as the fast path does; nats-py
+                    # encodes them again.
+                    await self._publish_each(messages[index:end], prefix, tokens[index - end :])
                 index = end
-                await self._send(frames)
             if batch.transport_error is None:
                 async with asyncio.timeout(self._ack_timeout):
                     await batch.done.wait()
@@ -216,6 +253,14 @@ class JetStreamPublisher:
         if batch.transport_error is not None:
             raise PublishTimeout(batch.transport_error, batch)
         return batch
+
+    async def _publish_each(
+        self, messages: Sequence[Outgoing], prefix: str, tokens: list[int]
+    ) -> None:
+        """The fallback's ``_send``: nats-py's own publish, one message after the other."""
+        publish = self._nc.publish
+        for (subject, payload, headers), token in zip(messages, tokens, strict=True):
+            await publish(subject, payload, reply=prefix + str(token), headers=headers or None)
 
     async def _send(self, frames: list[bytes]) -> None:
         """Hand ready-made PUB/HPUB frames to the connection, in order.
@@ -397,6 +442,80 @@ def _parse_acks_in(
     return (data[pos:] if pos else data), cut
 
 
+def _fast_path_fits(nc: Client, sub: Subscription) -> bool:
+    """Whether every private part of nats-py that ``_send``, ``_take_acks`` and
+    ``_drop_queued`` use is there and shaped as they expect.
+
+    nats-py promises none of them: a release that renames one would make the
+    fast path fail at run time, or, worse, misread the stream (a parser state
+    renumbered). Checked once per connection, before any of them is used.
+    """
+    try:
+        parser = nc._ps
+        transport = nc._transport
+        flush_queue = nc._flush_queue
+        return (
+            isinstance(nc._pending, list)
+            and type(nc._pending_data_size) is int
+            and type(nc._max_pending_size) is int
+            and inspect.iscoroutinefunction(nc._flush_pending)
+            and (flush_queue is None or callable(flush_queue.empty))
+            and (
+                transport is None
+                or (callable(transport.write) and inspect.iscoroutinefunction(transport.drain))
+            )
+            and all(
+                type(nc.stats.get(k)) is int
+                for k in ("in_msgs", "in_bytes", "out_msgs", "out_bytes")
+            )
+            and _takes_a_message(nc._process_msg)
+            # The parser must reach ``_process_msg`` through this client, where it is wrapped.
+            and parser.nc is nc
+            and inspect.iscoroutinefunction(parser.parse)
+            and isinstance(parser.buf, bytearray)
+            and type(parser.state) is int
+            and _parser_states_fit(parser)
+            and type(sub._id) is int
+        )
+    except Exception:  # whatever a reshaped nats-py raises, the answer is no
+        return False
+
+
+def _takes_a_message(process_msg: Any) -> bool:
+    """``_process_msg(sid, subject, reply, data, headers)``, awaited by the parser."""
+    try:
+        inspect.signature(process_msg).bind(0, b"", b"", b"", None)
+    except (TypeError, ValueError):
+        return False
+    return inspect.iscoroutinefunction(process_msg)
+
+
+def _parser_states_fit(parser: Any) -> bool:
+    """``_take_acks`` reads the parser's state as the number its module gives "between
+    messages"; a module that names no such state is judged by the rest of the check."""
+    module = sys.modules.get(type(parser).__module__)
+    state = getattr(module, "AWAITING_CONTROL_LINE", _AWAITING_CONTROL_LINE)
+    return state == _AWAITING_CONTROL_LINE
+
+
+def _nats_py_version() -> str:
+    try:
+        return importlib.metadata.version("nats-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _drop_queued(nc: Client) -> None:
+    """Empty nats-py's outgoing queue, if it still keeps the one ``_send`` knows.
+
+    A nats-py that does not would send what it queued after a reconnect: the
+    public API has no way to drop it.
+    """
+    if isinstance(getattr(nc, "_pending", None), list) and hasattr(nc, "_pending_data_size"):
+        nc._pending = []
+        nc._pending_data_size = 0
+
+
 def _status(headers: bytes) -> bytes:
     """The status code of a NATS header block (``NATS/1.0 503`` → ``503``), or b""."""
     line = headers.split(b"\r\n", 1)[0]
@@ -508,8 +627,7 @@ class NatsSink:
         # (nats-py awaits this callback before it reconnects.)
         nc = self._nc
         if nc is not None:
-            nc._pending = []
-            nc._pending_data_size = 0
+            _drop_queued(nc)
         if self._publisher is not None:
             self._publisher.fail_all(f"disconnected from NATS at {self.where}")
 
@@ -658,8 +776,7 @@ async def close_quietly(nc: Client) -> None:
     unacknowledged publish is retried by the caller anyway.
     """
     if not nc.is_connected:
-        nc._pending = []
-        nc._pending_data_size = 0
+        _drop_queued(nc)
     try:
         await nc.close()
     except (nats.errors.Error, OSError):

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.metadata
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
+import nats.errors
 import orjson
 import pytest
 from cloudevents.v1.http import from_json
 from nats.aio.client import Client
 
+import bridge.sinks.nats
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
-from bridge.sinks.nats import MSG_ID, NatsSink
+from bridge.sinks.nats import MSG_ID, WRITE_PIECE, JetStreamPublisher, NatsSink
 from tests.fixtures.nats import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -59,11 +63,29 @@ async def client(nats_server: str) -> AsyncIterator[Client]:
     await nc.close()
 
 
+@pytest.fixture(params=["fast", "public"])
+def publish_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each publisher test twice: on the fast path, and as on a nats-py whose
+    internals no longer fit it (only its public API)."""
+    if request.param == "public":
+        monkeypatch.setattr(bridge.sinks.nats, "_fast_path_fits", lambda nc, sub: False)
+        # Nothing that reaches into nats-py may run then.
+        monkeypatch.setattr(bridge.sinks.nats, "_take_acks", _private)
+        monkeypatch.setattr(JetStreamPublisher, "_send", _private)
+    path: str = request.param
+    return path
+
+
+def _private(*args: Any) -> None:
+    raise AssertionError("the public path used nats-py's private parts")
+
+
 def unique_stream() -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
     return f"T{tag}", f"c{tag}"
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_messages_land_with_msg_id_and_subjects_in_order(
     nats_server: str, client: Client
 ) -> None:
@@ -113,6 +135,7 @@ async def test_missing_stream_without_create_is_a_sink_error(nats_server: str) -
         await sink.start()
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_redelivery_with_the_same_id_is_dropped_by_the_duplicate_window(
     nats_server: str, client: Client
 ) -> None:
@@ -131,6 +154,7 @@ async def test_redelivery_with_the_same_id_is_dropped_by_the_duplicate_window(
     assert len({m.headers[MSG_ID] for m in msgs}) == 55
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_subject_not_in_stream_is_rejected_not_lost(nats_server: str) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -158,6 +182,7 @@ async def _wait(predicate: Any, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_server_down_is_unavailable_then_back_publishes(nats_control: NatsServer) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -195,6 +220,7 @@ async def test_server_down_is_unavailable_then_back_publishes(nats_control: Nats
     assert [m.headers[MSG_ID] for m in msgs] == [e.id for e in events]
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsServer) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -218,6 +244,7 @@ async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsSe
         await sink.close()
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_batches_larger_than_the_window_land_whole_and_in_order(
     nats_server: str, client: Client
 ) -> None:
@@ -236,16 +263,15 @@ async def test_batches_larger_than_the_window_land_whole_and_in_order(
 
 
 async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
-    nats_server: str, client: Client
+    nats_server: str, client: Client, publish_path: str
 ) -> None:
     """The publisher's own frames: headers (values kept to one line) and header-less messages."""
-    from bridge.sinks.nats import JetStreamPublisher
-
     stream, cluster = unique_stream()
     js = client.jetstream()
     await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
     publisher = JetStreamPublisher(client)
     await publisher.start()
+    assert publisher._fast is (publish_path == "fast")
     try:
         batch = await publisher.publish(
             [
@@ -270,12 +296,10 @@ async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
 
 
 async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_whole(
-    nats_server: str, client: Client
+    nats_server: str, client: Client, publish_path: str
 ) -> None:
     """A batch goes to the socket itself, in pieces, only when nothing is queued on the
     connection: a message nats-py still holds leaves first, and every piece lands."""
-    from bridge.sinks.nats import WRITE_PIECE, JetStreamPublisher
-
     stream, cluster = unique_stream()
     js = client.jetstream()
     await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
@@ -289,6 +313,7 @@ async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_who
     client._ps.parse = counting  # type: ignore[method-assign]
     publisher = JetStreamPublisher(client)
     await publisher.start()
+    assert publisher._fast is (publish_path == "fast")
     subject = f"raw.{cluster}.one"
     payloads = [i.to_bytes(4, "big") * 750 for i in range(400)]  # 3 KB each
     assert sum(map(len, payloads)) > 10 * WRITE_PIECE
@@ -307,7 +332,11 @@ async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_who
     finally:
         await publisher.stop()
     assert all(first.acked) and all(second.acked)
-    assert sum(d.count(b"MSG _INBOX") for d in parsed) < 40, "acks went through nats-py"
+    acks_parsed = sum(d.count(b"MSG _INBOX") for d in parsed)
+    if publish_path == "fast":
+        assert acks_parsed < 40, "acks went through nats-py"
+    else:
+        assert acks_parsed > 700, "acks taken off the read loop"  # a read may cut one
     msgs = await stream_messages(client, stream)
     assert [m.headers[MSG_ID] for m in msgs] == (
         ["first"] + [f"a{i}" for i in range(400)] + [f"b{i}" for i in range(400)]
@@ -315,6 +344,104 @@ async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_who
     assert [m.data for m in msgs] == [b"queued first", *payloads, *payloads]
 
 
+async def test_every_answer_settles_the_same_on_either_path(
+    nats_server: str, client: Client, publish_path: str
+) -> None:
+    """A PubAck, a duplicate's PubAck, an error PubAck and a 503 (no stream stores the
+    subject): each settles its message, in order, to the same result on both paths."""
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
+    publisher = JetStreamPublisher(client, max_in_flight=3)
+    await publisher.start()
+    assert publisher._fast is (publish_path == "fast")
+    subject = f"raw.{cluster}.a"
+    try:
+        batch = await publisher.publish(
+            [
+                (subject, b"0", {MSG_ID: "m0"}),
+                (f"nowhere.{cluster}", b"1", {MSG_ID: "m1"}),
+                (subject, b"2", {MSG_ID: "m2", "Nats-Expected-Stream": "WRONG"}),
+                (subject, b"3", {MSG_ID: "m0"}),  # a duplicate: acknowledged, not stored
+                (subject, b"4", {MSG_ID: "m4"}),
+                (f"nowhere.{cluster}", b"5", None),
+                (subject, b"6", None),
+            ]
+        )
+    finally:
+        await publisher.stop()
+    assert batch.acked == [True, False, False, True, True, False, True]
+    assert batch.errors == {
+        1: "no responders: no stream stores this subject",
+        2: "400/10060: expected stream does not match",
+        5: "no responders: no stream stores this subject",
+    }
+    msgs = await stream_messages(client, stream)
+    assert [m.data for m in msgs] == [b"0", b"4", b"6"]
+
+
+async def test_a_message_the_connection_would_refuse_stops_its_window_before_it_leaves(
+    nats_server: str, client: Client, publish_path: str
+) -> None:
+    """Over max_payload or with a bad subject, a message raises before any message of
+    its window is sent; the publisher goes on with the next batch."""
+    stream, cluster = unique_stream()
+    js = client.jetstream()
+    await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
+    publisher = JetStreamPublisher(client)
+    await publisher.start()
+    subject = f"raw.{cluster}.a"
+    huge = b"x" * (client.max_payload + 1)
+    try:
+        with pytest.raises(nats.errors.MaxPayloadError):
+            await publisher.publish([(subject, b"0", None), (subject, huge, None)])
+        with pytest.raises(nats.errors.BadSubjectError):
+            await publisher.publish([(subject, b"1", None), (f"raw.{cluster}.a b", b"", None)])
+        with pytest.raises(nats.errors.BadSubjectError):
+            await publisher.publish([(subject, b"2", None), ("", b"", None)])
+        batch = await publisher.publish([(subject, b"3", None)])
+    finally:
+        await publisher.stop()
+    assert batch.acked == [True]
+    assert [m.data for m in await stream_messages(client, stream)] == [b"3"]
+    assert not publisher._pending
+
+
+async def test_the_installed_nats_py_takes_the_fast_path(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Else every "fast" test above would quietly test the public path twice."""
+    publisher = JetStreamPublisher(client)
+    with caplog.at_level(logging.WARNING, logger="bridge.sinks.nats"):
+        await publisher.start()
+    try:
+        assert publisher._fast
+        assert "_process_msg" in vars(client) and "parse" in vars(client._ps)
+    finally:
+        await publisher.stop()
+    assert not caplog.records
+
+
+async def test_a_nats_py_that_does_not_fit_is_left_alone_and_said_so(
+    client: Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bridge.sinks.nats, "_fast_path_fits", lambda nc, sub: False)
+    publisher = JetStreamPublisher(client)
+    with caplog.at_level(logging.WARNING, logger="bridge.sinks.nats"):
+        await publisher.start()
+    try:
+        assert not publisher._fast
+        # Neither the read loop's nor the parser's entry point is wrapped.
+        assert "_process_msg" not in vars(client) and "parse" not in vars(client._ps)
+    finally:
+        await publisher.stop()
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith(f"nats-py {importlib.metadata.version('nats-py')}: ")
+    assert "public API" in record.getMessage()
+
+
+@pytest.mark.usefixtures("publish_path")
 async def test_server_restart_mid_batch_keeps_per_subject_order(nats_control: NatsServer) -> None:
     """A batch cut by a server restart, retried as the pipeline does, lands in order per subject.
 
@@ -369,6 +496,7 @@ def with_payload(event: Event, size: int) -> Event:
     return dataclasses.replace(event, data={**event.data, "object": obj})
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_an_event_over_the_servers_max_payload_is_refused_and_the_rest_land(
     nats_server: str, client: Client
 ) -> None:
@@ -387,6 +515,7 @@ async def test_an_event_over_the_servers_max_payload_is_refused_and_the_rest_lan
     assert [m.headers[MSG_ID] for m in msgs] == [small[0].id, small[2].id]
 
 
+@pytest.mark.usefixtures("publish_path")
 async def test_a_message_the_stream_refuses_is_refused_not_retried(
     nats_server: str, client: Client
 ) -> None:
