@@ -68,13 +68,27 @@ def cpu_model() -> str:
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
+# Below this line (or a section's first ``###`` heading), a section of BENCHMARKS.md is
+# written by hand: re-running its benchmark keeps it.
+NOTES_MARK = "<!-- notes: kept when the benchmark rewrites this section -->"
+
+
 def update_benchmarks_md(path: Path, section: str, body: str) -> None:
-    """Replace (or append) one ``## section`` of BENCHMARKS.md, leaving the others alone."""
+    """Replace (or append) the measured part of one ``## section`` of BENCHMARKS.md,
+    leaving the other sections alone.
+
+    What was written by hand under a section (earlier runs, what moved a
+    figure, experiments) is kept: it follows a ``NOTES_MARK`` line or starts
+    at the section's first ``###`` heading, and a new run replaces only what
+    comes before it.
+    """
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     block = f"## {section}\n\n{body.rstrip()}\n"
-    pattern = re.compile(rf"^## {re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(
+        rf"^## {re.escape(section)}\n.*?(?=^{re.escape(NOTES_MARK)}$|^### |^## |\Z)", re.S | re.M
+    )
     if pattern.search(text):
-        text = pattern.sub(lambda _: block + "\n", text).rstrip() + "\n"
+        text = pattern.sub(lambda _: block + "\n", text, count=1).rstrip() + "\n"
     else:
         text = text.rstrip() + "\n\n" + block
     path.write_text(text)
