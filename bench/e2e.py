@@ -18,8 +18,9 @@ local processes started and stopped here. For each bus:
 
 The ceilings read the same N objects from the emulator as raw JSON the same
 way the bridge read them (the streaming list's watch lines, one LIST, the
-watch history of the burst), parse each with orjson and publish it without
-waiting for each ack: core-NATS
+watch history of the burst), parse each with orjson and publish it as soon as
+it is parsed (a watch line at a time; a LIST's items once its body is parsed
+whole), without waiting for each ack: core-NATS
 ``publish`` then one flush (nothing stores or acks it); aiokafka ``send``
 without awaiting each delivery, then one flush (which returns once every batch
 is acknowledged, acks=all). For NATS, a second ceiling publishes the same
@@ -44,7 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -250,23 +251,28 @@ async def run_e2e(
 # -- ceilings --------------------------------------------------------------------
 
 
-async def fetch_list(http: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+async def read_list(http: aiohttp.ClientSession, url: str) -> AsyncIterator[dict[str, Any]]:
+    """One LIST: the body read whole and parsed with one ``orjson.loads``, then its items."""
     async with http.get(f"{url}/api/v1/pods") as resp:
         resp.raise_for_status()
         body = await resp.read()
     items: list[dict[str, Any]] = orjson.loads(body)["items"]
-    return items
+    del body
+    for item in items:
+        yield item
 
 
-async def fetch_watch(
+def read_watch(
     http: aiohttp.ClientSession, url: str, after: int, n: int
-) -> list[dict[str, Any]]:
+) -> AsyncIterator[dict[str, Any]]:
     """The burst's N events from the emulator's watch history, parsed one line at a time."""
     params = {"watch": "1", "resourceVersion": str(after), "allowWatchBookmarks": "false"}
-    return await _watch_objects(http, url, params, n)
+    return _watch_objects(http, url, params, n)
 
 
-async def fetch_stream_list(http: aiohttp.ClientSession, url: str, n: int) -> list[dict[str, Any]]:
+def read_stream_list(
+    http: aiohttp.ClientSession, url: str, n: int
+) -> AsyncIterator[dict[str, Any]]:
     """The N objects of a streaming list (``sendInitialEvents``), parsed one line at a time."""
     params = {
         "watch": "1",
@@ -274,14 +280,21 @@ async def fetch_stream_list(http: aiohttp.ClientSession, url: str, n: int) -> li
         "resourceVersionMatch": "NotOlderThan",
         "allowWatchBookmarks": "true",
     }
-    return await _watch_objects(http, url, params, n)
+    return _watch_objects(http, url, params, n)
 
 
 async def _watch_objects(
     http: aiohttp.ClientSession, url: str, params: dict[str, str], n: int
-) -> list[dict[str, Any]]:
-    """The objects of the first N non-bookmark events of a watch."""
-    objects: list[dict[str, Any]] = []
+) -> AsyncIterator[dict[str, Any]]:
+    """The objects of the first N non-bookmark events of a watch, each as soon as its
+    line is parsed: the reader holds one read's lines, as the bridge does.
+
+    Until 2026-11-25 the readers parsed all N objects before publishing any. Holding
+    them (~150 MB for 10,000 Pods, touched afresh each round) made a reader's rate
+    swing ~2x between runs on this machine (13k-27k events/s for a streaming list)
+    while the bridge's moved by 10%; publishing each as it comes ran 29-30k
+    events/s in every round."""
+    count = 0
     async with http.get(f"{url}/api/v1/pods", params=params) as resp:
         resp.raise_for_status()
         buf = b""
@@ -292,10 +305,10 @@ async def _watch_objects(
                 if line:
                     event = orjson.loads(line)
                     if event["type"] != "BOOKMARK":
-                        objects.append(event["object"])
-            if len(objects) >= n:
-                break
-    return objects[:n]
+                        yield event["object"]
+                        count += 1
+                        if count >= n:
+                            return
 
 
 def _subject(obj: dict[str, Any]) -> str:
@@ -305,9 +318,10 @@ def _subject(obj: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """The ceilings hold all N parsed objects at once (the bridge holds a bounded few):
-    collections walking them are an artifact of how the ceiling reads, and made its
-    figure swing 3-4x between rounds. It runs with the cyclic GC paused."""
+    """The LIST ceiling holds all N parsed objects at once (the bridge holds a bounded
+    few): collections walking them are an artifact of how that reader reads, and
+    made its figure swing 3-4x between rounds. Every ceiling runs with the cyclic
+    GC paused."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -318,13 +332,13 @@ def _gc_paused() -> Iterator[None]:
 
 
 async def ceiling_nats(
-    nats_url: str, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], n: int
+    nats_url: str, read: Callable[[], AsyncIterator[dict[str, Any]]], n: int
 ) -> float:
     nc = await nats.connect(nats_url)
     try:
         with _gc_paused():
             start = time.perf_counter()
-            for obj in await fetch():
+            async for obj in read():
                 meta = obj["metadata"]
                 await nc.publish(
                     _subject(obj),
@@ -339,21 +353,31 @@ async def ceiling_nats(
 
 
 async def ceiling_jetstream(
-    nats_url: str, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], n: int, batch: int
+    nats_url: str, read: Callable[[], AsyncIterator[dict[str, Any]]], n: int, batch: int
 ) -> float:
     """The same reader with JetStream's guarantee: every message stored and PubAck'ed
     (``Nats-Msg-Id`` dedup), through the bridge's own pipelined publisher in
-    batches as large as the pipeline's, with nothing else of the bridge."""
+    batches as large as the pipeline's, one batch awaiting its acks while the
+    next is read (as the pipeline does), with nothing else of the bridge."""
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
         await js.add_stream(name="RAW", subjects=["raw.>"])
         publisher = JetStreamPublisher(nc)
         await publisher.start()
+        in_flight: asyncio.Task[Any] | None = None
+
+        async def send(messages: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+            nonlocal in_flight
+            if in_flight is not None:
+                done = await in_flight
+                assert all(done.acked), done.errors
+            in_flight = asyncio.create_task(publisher.publish(messages)) if messages else None
+
         with _gc_paused():
             start = time.perf_counter()
             messages: list[tuple[str, bytes, dict[str, str] | None]] = []
-            for obj in await fetch():
+            async for obj in read():
                 meta = obj["metadata"]
                 messages.append(
                     (
@@ -363,12 +387,10 @@ async def ceiling_jetstream(
                     )
                 )
                 if len(messages) == batch:
-                    result = await publisher.publish(messages)
-                    assert all(result.acked), result.errors
+                    await send(messages)
                     messages = []
-            if messages:
-                result = await publisher.publish(messages)
-                assert all(result.acked), result.errors
+            await send(messages)
+            await send([])
             elapsed = time.perf_counter() - start
         await publisher.stop()
         await js.delete_stream("RAW")
@@ -378,7 +400,7 @@ async def ceiling_jetstream(
 
 
 async def ceiling_kafka(
-    bootstrap: str, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], n: int, topic: str
+    bootstrap: str, read: Callable[[], AsyncIterator[dict[str, Any]]], n: int, topic: str
 ) -> float:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -393,7 +415,7 @@ async def ceiling_kafka(
         await (await producer.send(topic, b"warm-up"))
         with _gc_paused():
             start = time.perf_counter()
-            for obj in await fetch():
+            async for obj in read():
                 meta = obj["metadata"]
                 await producer.send(
                     topic, orjson.dumps(obj), key=f"{meta['namespace']}/{meta['name']}".encode()
@@ -465,23 +487,18 @@ async def bench_bus(
     result.committed = {phase: n / t.committed for phase, t in timings.items()}
 
     async with aiohttp.ClientSession() as http:
-
-        async def streaming() -> list[dict[str, Any]]:
-            return await fetch_stream_list(http, emu.url, n)
-
-        async def listing() -> list[dict[str, Any]]:
-            return await fetch_list(http, emu.url)
-
-        async def watching() -> list[dict[str, Any]]:
-            return await fetch_watch(http, emu.url, before, n)
-
-        for phase, fetch in (("stream", streaming), ("list", listing), ("burst", watching)):
+        readers: dict[str, Callable[[], AsyncIterator[dict[str, Any]]]] = {
+            "stream": lambda: read_stream_list(http, emu.url, n),
+            "list": lambda: read_list(http, emu.url),
+            "burst": lambda: read_watch(http, emu.url, before, n),
+        }
+        for phase, read in readers.items():
             if bus == "nats":
-                result.ceiling[phase] = await ceiling_nats(address, fetch, n)
-                result.acked[phase] = await ceiling_jetstream(address, fetch, n, args.max_batch)
+                result.ceiling[phase] = await ceiling_nats(address, read, n)
+                result.acked[phase] = await ceiling_jetstream(address, read, n, args.max_batch)
             else:
                 result.ceiling[phase] = await ceiling_kafka(
-                    address, fetch, n, f"bench-raw-{phase}-{round_}"
+                    address, read, n, f"bench-raw-{phase}-{round_}"
                 )
     for phase in PHASES:
         e, c = result.e2e[phase], result.ceiling[phase]
@@ -655,11 +672,11 @@ waits for the next commit after the last ack (its write-ahead rows were
 stored before each publish). *Ceiling*: the same objects read from the
 emulator as raw JSON the way the bridge read them (the streaming list's watch
 lines; one LIST; the burst's watch history), `orjson.loads` each (the LIST
-whole), publish without waiting for
+whole), each object published as soon as it is parsed, without waiting for
 each ack (core-NATS `publish` + one flush, which nothing stores or acks /
 aiokafka `send` + one flush, which returns once acks=all came for every batch), with
-the cyclic GC paused (it holds all {args.objects:,} parsed objects at once; collections
-walking them made the ceiling swing 3-4x between rounds). The emulator's
+the cyclic GC paused (the LIST reader holds all {args.objects:,} parsed objects at once;
+collections walking them made its figure swing 3-4x between rounds). The emulator's
 objects are frozen out of the GC (`gc.freeze()`) after loading and after each
 burst is applied: they are not the bridge's heap. The process runs with
 {_gc_settings(args)}. Buses
@@ -675,7 +692,8 @@ every round's ratio in brackets.
 The NATS ceiling above stores nothing and waits for no ack (core NATS). The
 same reader with JetStream's guarantee (a stream, `Nats-Msg-Id`, every PubAck
 awaited, through the bridge's own pipelined `JetStreamPublisher` in batches
-of {args.max_batch}; measured right after the ceiling above) shows how much of
+of {args.max_batch}, one awaiting its acks while the next is read; measured right
+after the ceiling above) shows how much of
 the gap is the bus's own acknowledgement work; the Kafka ceiling awaits
 acks=all already:
 
