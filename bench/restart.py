@@ -31,9 +31,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
+
+if TYPE_CHECKING:
+    from bridge.kube.objects import WatchEvent
 
 RESOURCE_ID = "v1/pods"
 WATERMARK = 50_000_000
@@ -98,7 +101,7 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
     echoes: list[Any] = [
         {"type": "MODIFIED", "object": _pod(i, WATERMARK + 1 + i)} for i in range(replay)
     ]
-    bookmark = {
+    bookmark: WatchEvent = {
         "type": "BOOKMARK",
         "object": {"kind": "Pod", "metadata": {"resourceVersion": str(WATERMARK + replay + 1)}},
     }

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
         with tempfile.TemporaryDirectory(prefix="bench-slowbus-") as tmp:
             store = SqliteCheckpointStore(Path(tmp) / "checkpoints.db")
             await store.open()
-            settings = PipelineSettings(
-                reflector=ReflectorSettings(
-                    watch_list="off" if mode == "list" else "on",
-                    **({} if pace is None else {"list_pace_seconds": pace}),
-                )
-            )
+            reflector = ReflectorSettings(watch_list="off" if mode == "list" else "on")
+            if pace is not None:
+                reflector = replace(reflector, list_pace_seconds=pace)
+            settings = PipelineSettings(reflector=reflector)
             fingerprinter = Fingerprinter()
             builder = EventBuilder(
                 cluster="bench", group="", version="v1", kind="Pod", plural="pods"
