@@ -345,8 +345,9 @@ class SharedInformer:
             if isinstance(fifo, RealFIFO):
                 while True:
                     await fifo.pop_batch(self._handle_batch, POP_BATCH)
-            while True:
-                await fifo.pop(self._handle_deltas)
+            else:
+                while True:
+                    await fifo.pop(self._handle_deltas)
 
     async def _backlog_loop(self) -> None:
         """Deliver late handlers' catch-up adds even when no change arrives to carry them."""
@@ -373,10 +374,8 @@ class SharedInformer:
                 await self.fifo.resync()
 
     async def _handle_deltas(self, deltas: list[Delta], is_in_initial_list: bool) -> None:
-        initial = is_in_initial_list and not self._resumed
-        async with self._lock:
-            for delta in deltas:
-                await self._handle_delta(delta, initial)
+        # One key's deltas from a DeltaFIFO: handled as a batch is.
+        await self._handle_batch(deque(deltas), is_in_initial_list)
 
     async def _handle_batch(self, batch: deque[Delta], is_in_initial_list: bool) -> None:
         initial = is_in_initial_list and not self._resumed
