@@ -12,6 +12,7 @@ stale lock); a second process fails at once, naming the holder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -84,10 +85,18 @@ class SqliteCheckpointStore:
         if conn is None:
             raise CheckpointError(f"checkpoint store {self.path} is not open")
         async with self._lock:
+            work = asyncio.ensure_future(asyncio.to_thread(fn, conn))
             try:
-                return await asyncio.to_thread(fn, conn)
+                return await asyncio.shield(work)
             except sqlite3.Error as exc:
                 raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
+            except asyncio.CancelledError:
+                # A thread cannot be stopped: the call goes on in its worker thread, so
+                # the lock (which ``close`` takes) is held until it is done. Closed
+                # under a running call, the connection crashed the process (SIGSEGV
+                # in a checkpoint load while the app exited).
+                await _until_done(work)
+                raise
 
     def _take_process_lock(self) -> None:
         lock_path = f"{self.path}.lock"
@@ -240,6 +249,16 @@ class SqliteCheckpointStore:
             async with self._lock:
                 await asyncio.to_thread(conn.close)
         self._release_process_lock()
+
+
+async def _until_done(work: asyncio.Future[T]) -> None:
+    """Wait for ``work`` whatever cancels the waiter meanwhile; its outcome is dropped
+    (the caller was cancelled)."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({work})
+    if not work.cancelled():
+        work.exception()  # retrieved: asyncio would log it as never retrieved
 
 
 # Rows per upsert statement: SQLite parses a statement's whole JSON text at once,

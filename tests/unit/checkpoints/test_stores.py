@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -148,3 +150,36 @@ async def test_bulk_load_gives_plain_rows_converted_and_the_others_as_digests(
     if isinstance(store, SqliteCheckpointStore):
         assert max(chunks) < 25_000  # converted a chunk at a time, never all rows at once
     assert await load_bulk(store, "nothing", convert) is None
+
+
+async def test_sqlite_close_waits_for_a_cancelled_call_still_running_in_its_thread(
+    tmp_path: Path,
+) -> None:
+    """A call cancelled at shutdown goes on in its worker thread (a thread cannot be
+    stopped): closing the connection under it crashed the process (SIGSEGV in a
+    checkpoint load while the app exited). ``close`` waits for it."""
+    store = SqliteCheckpointStore(tmp_path / "cp.db")
+    await store.open()
+    started, release = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def slow(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(5)
+        try:
+            seen.append(conn.execute("SELECT 1").fetchone()[0])
+        except sqlite3.Error as exc:
+            seen.append(exc)
+
+    call = asyncio.create_task(store._run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    call.cancel()
+    await asyncio.sleep(0)  # the cancellation reaches the call
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0.1)
+    assert not closing.done(), "the connection was closed while a call was still using it"
+    release.set()
+    await closing
+    assert seen == [1]
+    with pytest.raises(asyncio.CancelledError):
+        await call
