@@ -12,13 +12,12 @@ stale lock); a second process fails at once, naming the holder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -78,6 +77,8 @@ class SqliteCheckpointStore:
         self.path = str(path)
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        # The last call handed to a worker thread (see ``_settled``).
+        self._call: asyncio.Future[Any] | None = None
         self._lock_fd: int | None = None
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -85,18 +86,25 @@ class SqliteCheckpointStore:
         if conn is None:
             raise CheckpointError(f"checkpoint store {self.path} is not open")
         async with self._lock:
-            work = asyncio.ensure_future(asyncio.to_thread(fn, conn))
+            await self._settled()
+            call = asyncio.ensure_future(asyncio.to_thread(fn, conn))
+            self._call = call
             try:
-                return await asyncio.shield(work)
+                return await asyncio.shield(call)
             except sqlite3.Error as exc:
                 raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
-            except asyncio.CancelledError:
-                # A thread cannot be stopped: the call goes on in its worker thread, so
-                # the lock (which ``close`` takes) is held until it is done. Closed
-                # under a running call, the connection crashed the process (SIGSEGV
-                # in a checkpoint load while the app exited).
-                await _until_done(work)
-                raise
+
+    async def _settled(self) -> None:
+        """Wait for the last call if its caller was cancelled while it ran.
+
+        A thread cannot be stopped: the call goes on after its caller has gone
+        (and the lock with it). The connection takes one call at a time, and
+        closed under a running call it crashed the process (SIGSEGV in a
+        checkpoint load still running while the app exited).
+        """
+        call = self._call
+        if call is not None and not call.done():
+            await asyncio.wait({call})
 
     def _take_process_lock(self) -> None:
         lock_path = f"{self.path}.lock"
@@ -247,18 +255,9 @@ class SqliteCheckpointStore:
         conn, self._conn = self._conn, None
         if conn is not None:
             async with self._lock:
+                await self._settled()
                 await asyncio.to_thread(conn.close)
         self._release_process_lock()
-
-
-async def _until_done(work: asyncio.Future[T]) -> None:
-    """Wait for ``work`` whatever cancels the waiter meanwhile; its outcome is dropped
-    (the caller was cancelled)."""
-    while not work.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({work})
-    if not work.cancelled():
-        work.exception()  # retrieved: asyncio would log it as never retrieved
 
 
 # Rows per upsert statement: SQLite parses a statement's whole JSON text at once,
