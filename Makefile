@@ -6,7 +6,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint types pytest demo bench tools clean
+# The real servers (kube-apiserver, etcd, kubectl, helm from the Go module
+# proxy; Apache Kafka from Maven Central), built once into a cache outside the
+# repository; see tools/realdeps/build.
+REALDEPS ?= $(or $(REALDEPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/k8s-bridge-realdeps)
+export REALDEPS_CACHE := $(REALDEPS)
+
+.PHONY: test test-real lint types pytest demo bench tools realdeps clean
 
 # The runtime dependencies and the project: what `k8s-bridge` needs to run.
 $(BIN)/.runtime: pyproject.toml
@@ -24,7 +30,9 @@ tools:
 	@command -v nats-server >/dev/null 2>&1 || { \
 	  echo "installing nats-server (Debian package)"; \
 	  (apt-get update -qq && apt-get install -y -qq nats-server) >/dev/null; }
-	@command -v kubectl >/dev/null 2>&1 || echo "kubectl not found: kubectl tests will be skipped"
+
+realdeps:
+	bash tools/realdeps/build >/dev/null
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check bridge tests bench
@@ -33,8 +41,13 @@ lint: $(BIN)/.installed
 types: $(BIN)/.installed
 	$(BIN)/mypy
 
-pytest: $(BIN)/.installed tools
-	$(BIN)/pytest -q -p no:cacheprovider
+# The built kubectl and helm come first on PATH, so no test uses whatever
+# kubectl or helm a machine happens to have.
+pytest: $(BIN)/.installed tools realdeps
+	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider
+
+test-real: $(BIN)/.installed tools realdeps
+	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider -m real
 
 test: lint types pytest
 

@@ -11,6 +11,8 @@ pytest_plugins = [
     "tests.fixtures.emulator",
     "tests.fixtures.nats",
     "tests.fixtures.kafka",
+    "tests.fixtures.kube",
+    "tests.fixtures.realkafka",
 ]
 
 
