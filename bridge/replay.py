@@ -34,9 +34,10 @@ from bridge.app import (
     resource_id,
 )
 from bridge.changes import Change, ChangeDetector, ChangeKind, object_from_digest
-from bridge.checkpoints.base import Checkpoint
+from bridge.checkpoints.base import Checkpoint, CheckpointStore
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.configured import find_resource, pick_namespace
-from bridge.errors import ConfigError, ExpiredError, status_error
+from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error
 from bridge.events import Event, EventBuilder
 from bridge.filters import Filter
 from bridge.kube.client import KubeClient
@@ -161,7 +162,10 @@ async def replay(
         await sink.start()
         await counter.start()
         try:
-            await _replay_watch(lw, builder, detector, view, out, from_rv, stop, quiet)
+            try:
+                await _replay_watch(lw, builder, detector, view, out, from_rv, stop, quiet)
+            except TooLargeResourceVersionError:
+                raise await _future_rv(lw, info, from_rv) from None
             n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
             err.write(
                 f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}{note}\n"
@@ -186,6 +190,19 @@ async def replay(
         with contextlib.suppress(Exception):
             await sink.close()
         await client.close()
+
+
+async def _future_rv(lw: ListWatch, info: ResourceInfo, from_rv: str) -> ConfigError:
+    """The one line for an RV the server has not reached (its own says "Too large
+    resource version", naming neither the resource nor the RV)."""
+    head = await lw.list(ListOptions(limit=1))
+    current = str((head.get("metadata") or {}).get("resourceVersion", "")) or "unknown"
+    return ConfigError(
+        f"config error: --from-resource-version {from_rv}: resourceVersion {from_rv} of "
+        f"{info.plural} is newer than the API server's ({current}); replay needs a "
+        "resourceVersion the server has served (an event's resourceversion, or a "
+        "checkpoint's watermark)"
+    )
 
 
 async def _list_all(lw: ListWatch, options: ListOptions) -> tuple[list[RawObject], str]:
@@ -315,7 +332,13 @@ async def _load_checkpoint(settings: Settings, rid: str, err: TextIO) -> Checkpo
             f"no checkpoint file at {settings.checkpoint.path}: every object counts as added\n"
         )
         return None
-    store = build_checkpoints(settings)
+    # Read-only and without the process lock: the running bridge holds that lock
+    # and keeps writing; SQLite's WAL serves this reader its last commit meanwhile.
+    store: CheckpointStore = (
+        SqliteCheckpointStore(settings.checkpoint.path, read_only=True)
+        if kind == "sqlite"
+        else build_checkpoints(settings)
+    )
     await store.open()
     try:
         checkpoint = await store.load(rid)

@@ -7,6 +7,10 @@ One process at a time: two bridges publishing from one checkpoint would each
 publish everything. ``open`` takes an exclusive ``flock`` on ``<path>.lock``
 (released by the kernel when the process dies, so a crash never leaves a
 stale lock); a second process fails at once, naming the holder.
+
+A store opened ``read_only`` (``k8s-bridge replay`` reading the digests) takes
+no lock and changes nothing: WAL mode serves readers beside the one writer, so
+it reads the last committed state while the running bridge goes on writing.
 """
 
 from __future__ import annotations
@@ -73,8 +77,9 @@ _CHUNK = 10_000
 
 
 class SqliteCheckpointStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = str(path)
+        self.read_only = read_only
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         # The last call handed to a worker thread (see ``_settled``).
@@ -130,6 +135,9 @@ class SqliteCheckpointStore:
     async def open(self) -> None:
         if self._conn is not None:
             return
+        if self.read_only:
+            await self._open_read_only()
+            return
 
         def _open() -> sqlite3.Connection:
             if self.path != ":memory:":
@@ -163,6 +171,27 @@ class SqliteCheckpointStore:
         except (sqlite3.Error, OSError) as exc:
             self._release_process_lock()
             raise CheckpointError(f"checkpoint store {self.path}: cannot open: {exc}") from exc
+
+    async def _open_read_only(self) -> None:
+        def _open() -> sqlite3.Connection:
+            # mode=ro: no file, table or column is created and no journal mode set
+            # (that would write); a missing file is an error, not a new database.
+            uri = f"{Path(self.path).absolute().as_uri()}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            try:
+                conn.execute("PRAGMA query_only=1")
+                conn.execute("SELECT 1 FROM watermarks LIMIT 1").fetchall()
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        try:
+            self._conn = await asyncio.to_thread(_open)
+        except (sqlite3.Error, OSError) as exc:
+            raise CheckpointError(
+                f"checkpoint store {self.path}: cannot open for reading: {exc}"
+            ) from exc
 
     async def load(self, resource_id: str) -> Checkpoint | None:
         def _load(conn: sqlite3.Connection) -> Checkpoint | None:
@@ -223,6 +252,8 @@ class SqliteCheckpointStore:
         # call order: rows land in the order the calls came (a write-ahead after a
         # commit step overwrites it, never the reverse). Row by row into one buffer,
         # so a commit of many keys holds their JSON text and nothing more.
+        if self.read_only:
+            raise CheckpointError(f"checkpoint store {self.path} is open read-only")
         up_json = _rows_json(upserts)
         down = list(deletes)
         down_json = orjson.dumps(down) if down else None

@@ -250,6 +250,56 @@ async def test_replay_after_compaction_publishes_the_checkpoint_diff_and_leaves_
     assert checkpoint_rows(db) == before
 
 
+async def test_replay_after_compaction_beside_the_running_bridge_reads_its_checkpoint(
+    config: Path, emulator: Emulator, nats_control: NatsServer, tmp_path: Path
+) -> None:
+    """Issue 23: the fallback announced "publishing the difference … instead", then
+    exited 1 with "checkpoint store … is in use by another k8s-bridge process"."""
+    db = tmp_path / "state.db"
+    emulator.create(pod("keep"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready()
+        mid = emulator.resource_version
+        await until(lambda: pod_watermark(db) >= mid, 20, bridge.tail_log)
+        emulator.chaos.compact()
+        before = checkpoint_rows(db)
+        rc, _, err = await cli(
+            "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", "1"
+        )
+        assert rc == 0, err
+        assert "no longer available" in err and "in use" not in err
+        assert "published 0 change(s) of pods from a relist diff" in err
+        assert checkpoint_rows(db) == before
+        # The bridge goes on publishing and checkpointing.
+        emulator.create(pod("after"))
+        now = emulator.resource_version
+        await until(lambda: pod_watermark(db) >= now, 20, bridge.tail_log)
+        assert (await bridge.readyz())[0] == 200
+    finally:
+        assert await bridge.stop() == 0
+
+
+async def test_replay_from_a_future_resource_version_says_so_in_one_line(
+    config: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """Issue 23: it exited with "k8s-bridge replay: Too large resource version"."""
+    emulator.create(pod("a"))
+    future = emulator.resource_version + 1000
+    rc, out, err = await cli(
+        "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version",
+        str(future),
+    )  # fmt: skip
+    assert rc == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"--from-resource-version {future}: resourceVersion {future} of pods" in lines[0]
+    assert f"newer than the API server's ({emulator.resource_version})" in lines[0]
+    assert await jetstream_events(nats_control.url) == []
+
+
 async def test_replay_of_an_unconfigured_resource_exits_2_naming_it_and_the_configured(
     config: Path,
 ) -> None:

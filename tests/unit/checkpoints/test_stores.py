@@ -183,3 +183,75 @@ async def test_sqlite_close_waits_for_a_cancelled_call_still_running_in_its_thre
     assert seen == [1]
     with pytest.raises(asyncio.CancelledError):
         await call
+
+
+async def test_sqlite_read_only_reads_beside_the_writer_that_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    """Replay beside a running bridge: it announced its fallback, then exited 1 with
+    "checkpoint store … is in use by another k8s-bridge process". A reader takes no
+    lock (WAL serves readers beside the writer) and sees each commit once made."""
+    path = tmp_path / "cp.db"
+    writer = SqliteCheckpointStore(path)
+    await writer.open()
+    try:
+        await writer.commit("r", "5", [d("ns/a"), d("ns/b")], [])
+        with pytest.raises(CheckpointError, match="in use by another k8s-bridge process"):
+            await SqliteCheckpointStore(path).open()
+        reader = SqliteCheckpointStore(path, read_only=True)
+        await reader.open()
+        try:
+            assert await reader.load("r") == Checkpoint("5", {"ns/a": d("ns/a"), "ns/b": d("ns/b")})
+            # The writer goes on while the reader is open, and the reader sees it.
+            await writer.commit("r", "6", [d("ns/c", "6")], ["ns/a"])
+            cp = await reader.load("r")
+            assert cp is not None and cp.resource_version == "6"
+            assert sorted(cp.digests) == ["ns/b", "ns/c"]
+            with pytest.raises(CheckpointError, match="read-only"):
+                await reader.commit("r", "7", [], ["ns/b"])
+        finally:
+            await reader.close()
+        # The writer's lock was never taken from it: a second writer is still refused.
+        with pytest.raises(CheckpointError, match="in use by another k8s-bridge process"):
+            await SqliteCheckpointStore(path).open()
+        await writer.commit("r", "8", [], [])
+    finally:
+        await writer.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT resource_version FROM watermarks").fetchall() == [("8",)]
+    raw.close()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+async def test_sqlite_read_only_creates_and_changes_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "none" / "cp.db"
+    with pytest.raises(CheckpointError, match=r"cp\.db: cannot open for reading"):
+        await SqliteCheckpointStore(missing, read_only=True).open()
+    assert not missing.parent.exists()
+
+    path = tmp_path / "cp.db"
+    writer = SqliteCheckpointStore(path)
+    await writer.open()
+    await writer.commit("r", "3", [d("ns/a")], [])
+    await writer.close()
+    before = _files(tmp_path)
+    reader = SqliteCheckpointStore(path, read_only=True)
+    await reader.open()
+    try:
+        assert await reader.load("r") == Checkpoint("3", {"ns/a": d("ns/a")})
+        assert await reader.load("other") is None
+    finally:
+        await reader.close()
+    # The database and the writer's lock file are as they were (SQLite may leave an
+    # empty -wal and its -shm index beside them: no data, the next writer takes them).
+    after = {name: data for name, data in _files(tmp_path).items() if name in before}
+    assert after == before
+    writer = SqliteCheckpointStore(path)
+    await writer.open()
+    try:
+        assert await writer.load("r") == Checkpoint("3", {"ns/a": d("ns/a")})
+    finally:
+        await writer.close()
