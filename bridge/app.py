@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from bridge import gctune, runtime
 from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
+from bridge.control import control_auth
 from bridge.errors import (
     BridgeError,
     ConfigError,
@@ -383,17 +384,24 @@ class BridgeApp:
             switch_interval=tuning.switch_interval,
             mmap_threshold=tuning.mmap_threshold,
         )
-        token = s.server.control_token
+        # The reviews of controlAuth kubernetes go through the bridge's own client,
+        # once it exists (until then a control request gets 503).
+        control = control_auth(s.server, lambda: self.client)
         self.health = HealthServer(
             s.server.host,
             s.server.port,
             self.registry,
             self.readiness,
             snapshot=self.snapshot,
-            control_token=token.get_secret_value() if token is not None else None,
+            control_auth=control,
         )
         await self.health.start()
-        log.info("health server listening", port=self.health.port)
+        log.info("health server listening", port=self.health.port, control_auth=control.mode)
+        if control.mode == "none":
+            log.warning(
+                "server.controlAuth is none: anyone who reaches port "
+                f"{self.health.port} can make the bridge snapshot (POST /snapshot)"
+            )
         try:
             self.client = await KubeClient.from_kubeconfig(s.cluster.kubeconfig, s.cluster.context)
             resolved = await self.resolve_retrying(self.client, stop)

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument(
         "--timeout", type=positive_float, default=600.0, help="seconds to wait for the counts"
     )
+    snapshot.add_argument(
+        "--token",
+        help="bearer token to send (default: server.controlToken, or with controlAuth"
+        " kubernetes the token of the config's cluster credentials)",
+    )
 
     tail = sub.add_parser("tail", help="print events from the bus")
     _add_config_args(tail)
@@ -183,7 +188,9 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config, _overrides(args))
     body = asyncio.run(
-        request_snapshot(settings, args.resource, url=args.url, timeout=args.timeout)
+        request_snapshot(
+            settings, args.resource, url=args.url, timeout=args.timeout, token=args.token
+        )
     )
     print(summary(body))
     return 0

@@ -8,21 +8,27 @@ curl show why. ``/metrics`` renders the instance's own registry.
 
 ``POST /snapshot`` makes the bridge do work (a LIST, events on the bus), so it
 answers only POST (a scrape or a probe never triggers it), listens only where
-the server binds (``server.host``), and with ``server.controlToken`` set wants
-``Authorization: Bearer <token>``. Its answer is JSON: the counts, or
-``{"error": one line}`` with the status of the refusal.
+the server binds (``server.host``), and lets in only the callers its
+``ControlAuth`` lets in (``server.controlAuth``, bridge/control.py: a
+Kubernetes token allowed by the API server, or ``server.controlToken``); the
+check comes before anything else is read from the request. Its answer is JSON:
+the counts, or ``{"error": one line}`` with the status of the refusal (401
+no or bad token, 403 not allowed, 503 the check could not be made).
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from bridge.control import ControlAuth
 from bridge.errors import SnapshotError, listen_error
+from bridge.logging import get_logger
+
+log = get_logger(__name__)
 
 Readiness = Callable[[], tuple[bool, list[str]]]
 # resource (Kind or apiVersion/Kind) → the snapshot's result as JSON; raises SnapshotError.
@@ -38,10 +44,13 @@ class HealthServer:
         readiness: Readiness,
         *,
         snapshot: Snapshotter | None = None,
-        control_token: str | None = None,
+        control_auth: ControlAuth | None = None,
     ) -> None:
+        if snapshot is not None and control_auth is None:
+            # Closed by default: an endpoint that makes the bridge work needs a check.
+            raise ValueError("a snapshot endpoint needs a control_auth")
         self._snapshot = snapshot
-        self._control_token = control_token
+        self._control_auth = control_auth
         self._host = host
         self._requested_port = port
         self._registry = registry
@@ -119,17 +128,24 @@ class HealthServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _snapshot_request(self, request: web.Request) -> web.Response:
-        assert self._snapshot is not None
-        if self._control_token is not None:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), self._control_token.encode()):
-                return web.json_response(
-                    {"error": "unauthorized: send Authorization: Bearer <server.controlToken>"},
-                    status=401,
-                )
+        assert self._snapshot is not None and self._control_auth is not None
+        decision = await self._control_auth.check(request.headers.get("Authorization", ""))
+        if not decision.allowed:
+            log.info(
+                "control request refused",
+                status=decision.status,
+                error=decision.message,
+                peer=request.remote,
+            )
+            headers = {"WWW-Authenticate": "Bearer"} if decision.status == 401 else None
+            return web.json_response(
+                {"error": decision.message}, status=decision.status, headers=headers
+            )
         resource = request.query.get("resource", "").strip()
         if not resource:
             return web.json_response({"error": "missing ?resource=KIND"}, status=400)
+        if decision.user:
+            log.info("control request", user=decision.user, resource=resource)
         try:
             result = await self._snapshot(resource)
         except SnapshotError as e:

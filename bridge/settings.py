@@ -34,6 +34,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
@@ -369,11 +370,45 @@ class InformerSettings(_Section):
 class ServerSettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
+    control_auth: Literal["kubernetes", "token", "none"] | None = Field(
+        default=None,
+        description="Who may call POST /snapshot: kubernetes (the caller's bearer token,"
+        " checked with a TokenReview and a SubjectAccessReview for 'post' on the"
+        " non-resource URL /snapshot), token (server.controlToken), none (anyone who"
+        " reaches the port). Omitted: token when controlToken is set, else kubernetes",
+    )
     control_token: SecretStr | None = Field(
         default=None,
-        description="When set, POST /snapshot needs 'Authorization: Bearer <token>' "
-        "(k8s-bridge snapshot sends it from the same config)",
+        description="The bearer token POST /snapshot wants with controlAuth token"
+        " (k8s-bridge snapshot sends it from the same config)",
     )
+
+    @model_validator(mode="after")
+    def _token_fits_auth(self) -> ServerSettings:
+        # Whole-section check, so the error names the key without echoing the secret.
+        auth, token = self.control_auth, self.control_token
+        problem = None
+        if token is None:
+            if auth == "token":
+                problem = "server.controlToken: required when server.controlAuth is token"
+        elif not token.get_secret_value().strip():
+            # An empty variable (a Secret without the key) must not open the endpoint.
+            problem = "server.controlToken: must not be empty"
+        elif auth in ("kubernetes", "none"):
+            problem = (
+                f"server.controlToken: set, but server.controlAuth is {auth}, so it would"
+                " not be checked; remove one of them"
+            )
+        if problem is not None:
+            raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @property
+    def control_mode(self) -> str:
+        """``control_auth`` resolved: token when a token is set, else kubernetes."""
+        if self.control_auth is not None:
+            return self.control_auth
+        return "token" if self.control_token is not None else "kubernetes"
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -810,7 +845,7 @@ def _describe(err: Any) -> str:
         return f"{key}: {value!r} is not one of {allowed}"
     if kind == "too_short" and loc == ("resources",):
         return "resources: at least one resource is required"
-    if kind == "duplicate_resource":
+    if kind in ("duplicate_resource", "keyed_error"):  # the message names its key
         return str(err["msg"])
     message = str(err["msg"])
     if kind == "value_error":

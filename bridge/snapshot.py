@@ -49,7 +49,7 @@ import orjson
 
 from bridge.changes import Change, ChangeDetector, ChangeKind, Digest
 from bridge.configured import find_resource
-from bridge.errors import SnapshotError
+from bridge.errors import ConfigError, SnapshotError
 from bridge.events import Event, EventBuilder
 from bridge.kube.objects import RawObject, meta, namespace_key
 from bridge.kube.protocols import ListerWatcher, ListOptions
@@ -218,11 +218,47 @@ def control_url(settings: Settings) -> str:
     return f"http://{host}:{settings.server.port}"
 
 
+async def control_bearer(settings: Settings) -> tuple[str | None, str]:
+    """The bearer token ``k8s-bridge snapshot`` sends, as ``server.controlAuth`` wants it,
+    and why there is none: ``server.controlToken``; for kubernetes, the token of the
+    credentials the config's ``cluster`` section names (a kubeconfig, else the pod's
+    ServiceAccount)."""
+    mode = settings.server.control_mode
+    if mode == "none":
+        return None, ""
+    if mode == "token":
+        assert settings.server.control_token is not None  # settings validation makes sure
+        return settings.server.control_token.get_secret_value(), ""
+    from bridge.kube.client import KubeClient
+
+    try:
+        client = await KubeClient.from_kubeconfig(
+            settings.cluster.kubeconfig, settings.cluster.context
+        )
+    except ConfigError as e:
+        return None, str(e).removeprefix("config error: ")
+    try:
+        token = await client.bearer_token()
+    except ConfigError as e:
+        return None, str(e).removeprefix("config error: ")
+    finally:
+        await client.close()
+    if token is None:
+        return None, "the credentials of cluster.kubeconfig carry no bearer token"
+    return token, ""
+
+
 async def request_snapshot(
-    settings: Settings, wanted: str, *, url: str | None = None, timeout: float = 600.0
+    settings: Settings,
+    wanted: str,
+    *,
+    url: str | None = None,
+    timeout: float = 600.0,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Ask the running bridge to snapshot ``wanted`` (a configured resource); its counts.
 
+    ``token`` is the bearer token to send; None: the one ``control_bearer`` finds.
     Raises ``ConfigError`` for a resource the configuration does not name, and
     ``SnapshotError`` (one line naming host:port) when the bridge cannot be
     reached, refuses, or does not answer within ``timeout``.
@@ -233,9 +269,13 @@ async def request_snapshot(
     base = (url or control_url(settings)).rstrip("/")
     where = base.removeprefix("http://").removeprefix("https://")
     headers = {}
-    token = settings.server.control_token
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token.get_secret_value()}"
+    # Without a token the bridge still answers (401, or it is not running): its
+    # answer comes first, and why no token was sent is added to a 401.
+    missing = ""
+    if token is None:
+        token, missing = await control_bearer(settings)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
@@ -263,7 +303,14 @@ async def request_snapshot(
         body = {"error": text.strip().splitlines()[0] if text.strip() else f"HTTP {status}"}
     if status != 200 or not isinstance(body, dict):
         error = body.get("error") if isinstance(body, dict) else None
-        raise SnapshotError(f"the bridge at {where} refused: {error or status}", status=status)
+        hint = (
+            f" (no token sent: {missing}; pass --token, e.g. from `kubectl create token`)"
+            if status == 401 and missing
+            else ""
+        )
+        raise SnapshotError(
+            f"the bridge at {where} refused: {error or status}{hint}", status=status
+        )
     return body
 
 

@@ -109,6 +109,23 @@ def builtin_resources() -> list[ResourceType]:
             namespaced=False,
             verbs=("create",),
         ),
+        # What a bridge's control endpoint asks about its callers (bridge/kube/review.py).
+        ResourceType(
+            "authentication.k8s.io",
+            "v1",
+            "TokenReview",
+            "tokenreviews",
+            namespaced=False,
+            verbs=("create",),
+        ),
+        ResourceType(
+            "authorization.k8s.io",
+            "v1",
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+            namespaced=False,
+            verbs=("create",),
+        ),
     ]
 
 

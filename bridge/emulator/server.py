@@ -40,6 +40,8 @@ from bridge.errors import ApiStatusError, NotFoundError
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCH_TIMEOUT = 1800.0
+# The bearer token of the kubeconfig the emulator writes; its TokenReviews know only it.
+EMULATOR_TOKEN = "emulator"
 # Large answers go out in pieces of about this size, encoded as they are sent:
 # 100k objects never sit in one buffer, and other requests are served between pieces.
 WRITE_CHUNK = 256 * 1024
@@ -440,8 +442,10 @@ class Emulator:
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise status.bad_request("request body must be an object")
-            if res.kind == "SelfSubjectAccessReview":
+            if res.kind in ("SelfSubjectAccessReview", "SubjectAccessReview"):
                 return _json(self._access_review(body), 201)
+            if res.kind == "TokenReview":
+                return _json(self._token_review(body), 201)
             body_ns = (body.get("metadata") or {}).get("namespace")
             if res.namespaced and body_ns and body_ns != ns:
                 raise status.bad_request(
@@ -511,15 +515,33 @@ class Emulator:
             "the server does not allow this method on the requested resource",
         )
 
+    def _token_review(self, body: Body) -> Body:
+        # The emulator authenticates nobody itself; a review knows only its
+        # kubeconfig's token, as the emulator's one user.
+        token = (body.get("spec") or {}).get("token")
+        status: Body = {"authenticated": False, "error": "invalid bearer token"}
+        if token == EMULATOR_TOKEN:
+            status = {"authenticated": True, "user": {"username": self.user, "groups": []}}
+        return {
+            "kind": "TokenReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": body.get("spec") or {},
+            "status": status,
+        }
+
     def _access_review(self, body: Body) -> Body:
-        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        # A non-resource request (nonResourceAttributes) matches a forbid rule
+        # whose resource is its path.
+        spec = body.get("spec") or {}
+        attrs = spec.get("resourceAttributes") or spec.get("nonResourceAttributes") or {}
         verb = attrs.get("verb", "")
         group = attrs.get("group", "")
-        resource = attrs.get("resource", "")
+        resource = attrs.get("resource") or attrs.get("path") or ""
         namespace = attrs.get("namespace") or None
         denied = any(r.matches(verb, group, resource, namespace) for r in self.forbid_rules)
         out = {
-            "kind": "SelfSubjectAccessReview",
+            "kind": body.get("kind") or "SelfSubjectAccessReview",
             "apiVersion": "authorization.k8s.io/v1",
             "metadata": {"creationTimestamp": None},
             "spec": body.get("spec") or {},
@@ -890,7 +912,7 @@ def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "emu
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": context, "cluster": {"server": url}}],
-        "users": [{"name": f"{context}-admin", "user": {"token": "emulator"}}],
+        "users": [{"name": f"{context}-admin", "user": {"token": EMULATOR_TOKEN}}],
         "contexts": [
             {
                 "name": context,

@@ -180,6 +180,13 @@ class KubeClient:
             headers["Authorization"] = basic.encode()
         return headers
 
+    async def bearer_token(self) -> str | None:
+        """The bearer token this client sends (refreshed as for a request); None when its
+        credentials are of another kind (a client certificate, a password)."""
+        value = (await self._headers()).get("Authorization", "")
+        scheme, _, token = value.partition(" ")
+        return (token.strip() or None) if scheme.lower() == "bearer" else None
+
     async def _refresh_exec_token(self) -> bool:
         loader = self._loader
         if loader is None or "exec" not in getattr(loader, "_user", {}):

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from bridge.changes import UNCERTAIN, Digest
 from bridge.check import subject_matches
 from bridge.cli import main
+from bridge.control import StaticToken
 from bridge.errors import ConfigError, SnapshotError
 from bridge.events import Event
 from bridge.health import HealthServer
@@ -204,7 +205,7 @@ async def test_the_snapshot_endpoint_wants_post_the_token_and_a_resource() -> No
         CollectorRegistry(),
         lambda: (True, []),
         snapshot=snapshot,
-        control_token="t0ken",
+        control_auth=StaticToken("t0ken"),
     )
     good = {"Authorization": "Bearer t0ken"}
     async with server, aiohttp.ClientSession() as http:

@@ -64,7 +64,23 @@ def build() -> dict[str, Any]:
                 additionalProperties=False,
             ),
             "rbac": _obj(
-                {"create": boolean, "selfSubjectAccessReview": boolean},
+                {
+                    "create": boolean,
+                    "selfSubjectAccessReview": boolean,
+                    "snapshotCallers": {
+                        "type": "array",
+                        "items": _obj(
+                            {
+                                "kind": {"enum": ["ServiceAccount", "User", "Group"]},
+                                "name": {"type": "string", "minLength": 1},
+                                "namespace": string,
+                                "apiGroup": string,
+                            },
+                            required=["kind", "name"],
+                            additionalProperties=False,
+                        ),
+                    },
+                },
                 additionalProperties=False,
             ),
             "persistence": _obj(
