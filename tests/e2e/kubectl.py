@@ -1,4 +1,4 @@
-"""Running the real kubectl against the emulator.
+"""Running the real kubectl (the one `tools/realdeps/build` built) against the emulator.
 
 ``kubectl apply`` needs ``--validate=false``: the emulator serves no OpenAPI
 documents, and kubectl's client-side validation needs them.
@@ -10,6 +10,8 @@ import asyncio
 import os
 from pathlib import Path
 
+from tests.fixtures.realdeps import binary
+
 
 def kubectl_env(home: Path, kubeconfig: Path) -> dict[str, str]:
     # A private HOME keeps kubectl's discovery cache out of the user's.
@@ -19,7 +21,7 @@ def kubectl_env(home: Path, kubeconfig: Path) -> dict[str, str]:
 async def kubectl(home: Path, kubeconfig: Path, *args: str) -> str:
     """Run kubectl to completion; its stdout, or an AssertionError with its stderr."""
     proc = await asyncio.create_subprocess_exec(
-        "kubectl",
+        binary("kubectl"),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -7,7 +7,6 @@ documents, and kubectl's client-side validation needs them.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import orjson
@@ -15,10 +14,10 @@ import pytest
 
 from bridge.emulator import Emulator
 from tests.e2e.kubectl import kubectl, kubectl_env
+from tests.fixtures.realdeps import binary
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
 ]
 
 DEPLOYMENT = """\
@@ -117,7 +116,7 @@ async def test_kubectl_get_watch_sees_a_change_arrive(
 
     emulator.create(widget("w1"))
     proc = await asyncio.create_subprocess_exec(
-        "kubectl",
+        binary("kubectl"),
         "get",
         "widgets",
         "-w",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import shutil
 from pathlib import Path
 
 import orjson
@@ -24,7 +23,6 @@ from tests.fixtures.nats import NatsServer
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
 ]
 
 MANIFEST = """\
