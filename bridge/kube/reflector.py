@@ -66,7 +66,7 @@ log = get_logger(__name__)
 class _Listed:
     replacement: Replacement
     resource_version: str
-    paginated: bool
+    pages: int
     items: int
 
 
@@ -392,14 +392,22 @@ class Reflector:
             self._rv_unavailable = True
             listed = await self._paged_list("", page_size)
         self._up()
-        if rv == "0" and listed.paginated:
+        if rv == "0" and listed.pages > 1:
             # The watch cache did not serve "0": keep paginating later relists.
             self._paginated_result = True
         self._rv_unavailable = False
         # No await from here on: a checkpoint taken between the tombstones and the
         # new RV would record the RV without the deletes it implies.
         self._commit(listed.replacement, listed.resource_version)
-        self._log.debug("listed", items=listed.items, resource_version=listed.resource_version)
+        # One line per list (rare: the first sync, relists), so how a resource was
+        # listed (LIST pages or a streaming list) shows in the log.
+        self._log.info(
+            "listed",
+            mode="list",
+            items=listed.items,
+            pages=listed.pages,
+            resource_version=listed.resource_version,
+        )
 
     def _begin_replace(self, paced: bool = False) -> Replacement:
         self._fed = 0
@@ -441,14 +449,14 @@ class Reflector:
                     replacement = self._begin_list_replace()
                     meta = await self._list_page(ListOptions(resource_version=rv), replacement)
                     return _Listed(
-                        replacement, str(meta.get("resourceVersion", "")), True, self._fed
+                        replacement, str(meta.get("resourceVersion", "")), pages + 1, self._fed
                     )
                 pages += 1
                 cont = meta.get("continue")
                 if list_rv is None:
                     list_rv = str(meta.get("resourceVersion", ""))
                 if not cont:
-                    return _Listed(replacement, list_rv, pages > 1, self._fed)
+                    return _Listed(replacement, list_rv, pages, self._fed)
                 # Continuation pages carry the snapshot in the token; RV must not be repeated.
                 options = ListOptions(limit=limit, continue_token=str(cont))
         except BaseException:
@@ -538,6 +546,9 @@ class Reflector:
             self._rv_unavailable = False
             # Checklist 16: the replacement ends at the bookmark's RV; go on with this stream.
             self._commit(replacement, bookmark_rv)
+            self._log.info(
+                "listed", mode="watch-list", items=self._fed, resource_version=bookmark_rv
+            )
             return events
 
     async def _initial_events(
