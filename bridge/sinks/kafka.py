@@ -22,6 +22,7 @@ the order they came, so records of one key stay in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import aiokafka.errors as kerrors
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -56,12 +58,27 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
 )
 
+# A batch refused with these was not refused for its records: the idempotent
+# producer's sequence numbers for its partition are out of step with the broker's
+# (a batch before it was refused, or the broker forgot the producer).
+_OUT_OF_STEP: tuple[type[BaseException], ...] = (
+    kerrors.OutOfOrderSequenceNumber,
+    kerrors.UnknownProducerId,
+    kerrors.InvalidProducerIdMapping,
+)
+
 # Refusals that are about the bridge, not about one record: a person must act.
 _FATAL: tuple[type[BaseException], ...] = (
     kerrors.ClusterAuthorizationFailedError,
     kerrors.SaslAuthenticationFailed,
     kerrors.TransactionalIdAuthorizationFailed,
 )
+
+
+def _retry_later(exc: BaseException) -> bool:
+    """The bus cannot take it now (or another publish renewed the producer under
+    this one): the whole batch is published again."""
+    return isinstance(exc, (*_UNAVAILABLE, kerrors.ProducerClosed))
 
 
 def event_coordinates(event: Event) -> dict[str, str]:
@@ -141,6 +158,7 @@ class KafkaSink:
         delivery_timeout: float = 60.0,
         max_request_size: int = 1_048_576,
         heartbeat_topic: str | None = None,
+        metadata_timeout: float = 10.0,
     ) -> None:
         self.bootstrap_servers = (
             [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -178,6 +196,9 @@ class KafkaSink:
                 ctx.load_cert_chain(ssl_certfile, ssl_keyfile)
             self._options["ssl_context"] = ctx
         self._producer: AIOKafkaProducer | None = None
+        self._renewing = asyncio.Lock()
+        # How long a topic not in the metadata may take to appear (auto-created).
+        self.metadata_timeout = metadata_timeout
         # The producer's default partitioner (murmur2 of the key), which ``send`` would use.
         self._partitioner = DefaultPartitioner()
 
@@ -211,17 +232,84 @@ class KafkaSink:
     async def start(self) -> None:
         if self._producer is not None:
             return
+        self._producer = await self._new_producer()
+
+    async def _new_producer(self) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(**self._options)
         try:
             await producer.start()
         except BaseException as exc:
             await producer.stop()
+            if isinstance(exc, kerrors.KafkaConnectionError):
+                refused = await self._credentials_refused()
+                if refused is not None:
+                    raise refused from exc
             if isinstance(exc, _UNAVAILABLE):
                 raise SinkUnavailableError(f"cannot reach Kafka at {self.where}: {exc!r}") from exc
             if isinstance(exc, kerrors.KafkaError):
                 raise self._translate(exc) from exc
             raise
-        self._producer = producer
+        return producer
+
+    async def _credentials_refused(self) -> SinkError | None:
+        """The broker's refusal of our SASL credentials, if that is why no bootstrap
+        server answered: aiokafka only logs it and reports them all unreachable,
+        and a wrong password must not look like a bus to wait for."""
+        mechanism = self._options.get("sasl_mechanism")
+        if not mechanism:
+            return None
+        user = self._options.get("sasl_plain_username")
+        for host, port, _ in collect_hosts(self.bootstrap_servers):
+            try:
+                async with asyncio.timeout(self._options["request_timeout_ms"] / 1000):
+                    conn = await create_conn(
+                        host,
+                        port,
+                        client_id="k8s-bridge",
+                        security_protocol=self._options["security_protocol"],
+                        ssl_context=self._options.get("ssl_context"),
+                        sasl_mechanism=mechanism,
+                        sasl_plain_username=user,
+                        sasl_plain_password=self._options.get("sasl_plain_password"),
+                    )
+            except kerrors.SaslAuthenticationFailed as exc:
+                return SinkError(
+                    f"Kafka at {self.where}: authentication failed for user {user!r}"
+                    f" (SASL {mechanism}): {exc}; check sink.kafka.saslUsername and saslPassword"
+                )
+            except (kerrors.KafkaError, OSError, TimeoutError):
+                continue
+            conn.close()
+        return None
+
+    async def _renew(self, used: AIOKafkaProducer) -> AIOKafkaProducer:
+        """A fresh producer in place of ``used`` (once, however many publishes ask)."""
+        stale = used
+        async with self._renewing:
+            current = self._producer
+            if current is used:
+                current = self._producer = await self._new_producer()
+                # Its batches still in flight are delivered or fail; a bus that does
+                # not answer must not hold this publish for long.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(10):
+                        await stale.stop()
+        if current is None:
+            raise SinkError("Kafka sink is closed")
+        return current
+
+    async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> set[int]:
+        """The topic's partitions, waiting a while for a topic the broker is creating."""
+        try:
+            async with asyncio.timeout(self.metadata_timeout):
+                return set(await producer.partitions_for(topic))
+        except (TimeoutError, kerrors.UnknownTopicOrPartitionError) as exc:
+            raise SinkUnavailableError(
+                f"Kafka at {self.where}: topic {topic!r} does not exist (not in the cluster's"
+                f" metadata after {self.metadata_timeout:g} s; a broker with"
+                " auto.create.topics.enable=false does not create it): create the topic;"
+                " publishing waits for it"
+            ) from exc
 
     def topic_for(self, event: Event) -> str:
         if event.type == HEARTBEAT_TYPE:
@@ -255,12 +343,13 @@ class KafkaSink:
         # delivery future per record, then a gather over them) cost more than
         # the records themselves. A batch lands or fails as one, as the
         # producer's own batches do.
-        submitted: list[tuple[list[int], asyncio.Future[Any]]] = []
+        submitted: list[tuple[tuple[str, int], list[int], asyncio.Future[Any]]] = []
         open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
         partitions: dict[str, tuple[list[int], list[int]]] = {}
         cluster = producer.client.cluster
         limit = self._options["max_request_size"]
         estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
+        failures: list[tuple[int, kerrors.KafkaError]] = []
         try:
             async with asyncio.timeout(self.delivery_timeout):
                 for i, e in enumerate(events):
@@ -277,7 +366,7 @@ class KafkaSink:
                     if known is None:
                         # Waits for the topic's metadata, as ``send`` does.
                         known = partitions[topic] = (
-                            sorted(await producer.partitions_for(topic)),
+                            sorted(await self._partitions(producer, topic)),
                             sorted(cluster.available_partitions_for_topic(topic)),
                         )
                     # The producer's own choice for a keyed record: same key, same partition.
@@ -293,22 +382,22 @@ class KafkaSink:
                             continue
                         # Full: it goes now, and a new one takes this record.
                         fut = await producer.send_batch(builder, topic, partition=partition)
-                        submitted.append((indices, fut))
+                        submitted.append(((topic, partition), indices, fut))
                     builder = producer.create_batch()
                     # A batch's first record always fits.
                     builder.append(timestamp=None, key=key, value=value, headers=headers)
                     open_batches[(topic, partition)] = (builder, [i])
                 for (topic, partition), (builder, indices) in open_batches.items():
                     fut = await producer.send_batch(builder, topic, partition=partition)
-                    submitted.append((indices, fut))
+                    submitted.append(((topic, partition), indices, fut))
                 open_batches.clear()
-                failures: list[tuple[list[int], kerrors.KafkaError]] = []
-                for indices, fut in submitted:
+                for n, (_, _, fut) in enumerate(submitted):
                     try:
                         await fut
                     except kerrors.KafkaError as exc:
-                        failures.append((indices, exc))
-        except _UNAVAILABLE as exc:
+                        failures.append((n, exc))
+        except (*_UNAVAILABLE, kerrors.ProducerClosed) as exc:
+            # ProducerClosed: another publish renewed the producer under this one.
             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
         except kerrors.KafkaError as exc:
             raise self._translate(exc) from exc
@@ -316,20 +405,97 @@ class KafkaSink:
             for builder, _ in open_batches.values():
                 builder.close()  # filled, never handed over: nothing of it is sent
             # Futures still pending after a failure must not log "exception never retrieved".
-            for _, fut in submitted:
+            for _, _, fut in submitted:
                 if fut.done() and not fut.cancelled():
                     fut.exception()
                 elif not fut.done():
                     fut.cancel()
-        for indices, failure in failures:
-            if isinstance(failure, _UNAVAILABLE):
+        if failures:
+            again = self._refusals(events, submitted, failures, refused)
+            if self._options["enable_idempotence"]:
+                # The producer numbered the refused batches, the broker did not take
+                # them: it would refuse every later batch of their partitions as out
+                # of order. A new producer id starts the numbering afresh.
+                producer = await self._renew(producer)
+            if again:
+                await self._send_alone(producer, events, again, partitions, refused)
+        return refused
+
+    def _refusals(
+        self,
+        events: Sequence[Event],
+        submitted: list[tuple[tuple[str, int], list[int], asyncio.Future[Any]]],
+        failures: list[tuple[int, kerrors.KafkaError]],
+        refused: dict[int, str],
+    ) -> list[int]:
+        """Sort the refused batches: records refused for themselves go to ``refused``;
+        those to send again alone are returned. The broker refuses a batch whole (its
+        ``message.max.bytes`` counts the batch), so the records beside a refused one
+        are sent again, unless a later batch of their partition landed first (they
+        would arrive behind newer events of their objects)."""
+        failed = {n for n, _ in failures}
+        again: list[int] = []
+        for n, failure in failures:
+            if _retry_later(failure):
                 raise SinkUnavailableError(f"Kafka at {self.where}: {failure!r}") from failure
             error = self._translate(failure)
             if isinstance(error, SinkUnavailableError) or self._fatal(failure):
                 raise error from failure
-            for i in indices:
-                refused[i] = f"Kafka refused the record: {failure!r}"
-        return refused
+            tp, indices, _ = submitted[n]
+            overtaken = any(
+                m > n and m not in failed and later == tp
+                for m, (later, _, _) in enumerate(submitted)
+            )
+            if (len(indices) > 1 or isinstance(failure, _OUT_OF_STEP)) and not overtaken:
+                again.extend(indices)
+            else:
+                for i in indices:
+                    refused[i] = self._refusal(events[i], failure)
+        return sorted(again)
+
+    async def _send_alone(
+        self,
+        producer: AIOKafkaProducer,
+        events: Sequence[Event],
+        indices: list[int],
+        partitions: dict[str, tuple[list[int], list[int]]],
+        refused: dict[int, str],
+    ) -> None:
+        """Send each record in a batch of its own, in order; a refused one goes to
+        ``refused`` (and renews an idempotent producer, as ``publish`` does)."""
+        try:
+            async with asyncio.timeout(self.delivery_timeout):
+                for i in indices:
+                    topic, key, value, headers = self._record(events[i])
+                    builder = producer.create_batch()
+                    builder.append(timestamp=None, key=key, value=value, headers=headers)
+                    partition = self._partitioner(key, *partitions[topic])
+                    try:
+                        await (await producer.send_batch(builder, topic, partition=partition))
+                    except kerrors.KafkaError as exc:
+                        error = self._translate(exc)
+                        if isinstance(
+                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *_OUT_OF_STEP)
+                        ) or isinstance(error, SinkUnavailableError):
+                            raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+                        if self._fatal(exc):
+                            raise error from exc
+                        refused[i] = self._refusal(events[i], exc)
+                        if self._options["enable_idempotence"]:
+                            producer = await self._renew(producer)
+        except _UNAVAILABLE as exc:
+            raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+
+    def _refusal(self, event: Event, failure: BaseException) -> str:
+        if isinstance(failure, kerrors.MessageSizeTooLargeError):
+            _, key, value, headers = self._record(event)
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+            return (
+                f"Kafka refused the record ({size} bytes) as too large: over the broker's"
+                " message.max.bytes or the topic's max.message.bytes (keep"
+                " sink.kafka.maxRequestSize at or below them)"
+            )
+        return f"Kafka refused the record: {failure!r}"
 
     def _idempotence_refused(self, exc: BaseException) -> bool:
         # Brokers without the idempotent producer (some Kafka-protocol servers)

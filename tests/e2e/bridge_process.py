@@ -125,16 +125,9 @@ async def run_until_exit(bridge: BridgeProcess, timeout: float = 30.0) -> tuple[
 
 
 def kafka_sink(bootstrap: str, topic: str) -> dict[str, Any]:
-    """The ``sink`` section for a test's Kafka-protocol broker (Tansu)."""
-    return {
-        "kind": "kafka",
-        "kafka": {
-            "bootstrapServers": [bootstrap],
-            "topic": topic,
-            "enableIdempotence": False,  # Tansu rejects the idempotent producer
-            "lingerMs": 1,
-        },
-    }
+    """The ``sink`` section for a test's Kafka broker: the producer at its defaults
+    (``acks=all``, idempotent), as users run it."""
+    return {"kind": "kafka", "kafka": {"bootstrapServers": [bootstrap], "topic": topic}}
 
 
 async def until(

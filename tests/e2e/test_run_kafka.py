@@ -1,4 +1,4 @@
-"""``k8s-bridge run`` as a process against the emulator and a real Kafka-protocol broker (Tansu).
+"""``k8s-bridge run`` as a process against the emulator and a real Apache Kafka broker.
 
 What a consumer of the topic relies on: the initial list and every live
 change, key = subject (so one object keeps one partition, hence its order),

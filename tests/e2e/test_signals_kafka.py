@@ -1,5 +1,5 @@
 """Heartbeats and ``k8s-bridge snapshot`` end to end on Kafka: ``k8s-bridge run`` as a
-process, the emulator over HTTP, a real Kafka-protocol broker (Tansu).
+process, the emulator over HTTP, a real Apache Kafka broker.
 
 Heartbeats go to their own topic (``{topic}.heartbeats``), never among the
 changes; snapshot announcements go to the change topic with the object's key,

@@ -1,5 +1,5 @@
 """A filter, change triggers and a projection together, end to end on Kafka: ``k8s-bridge
-run`` as a process, the emulator over HTTP, a real Kafka-protocol broker (Tansu).
+run`` as a process, the emulator over HTTP, a real Apache Kafka broker.
 
 Only pods of the filter reach the topic, only trigger changes as modifications,
 each value carrying only the projected fields; leaving the filter is a

@@ -1,4 +1,4 @@
-"""``bridge.consumer.consume`` against a real Kafka-protocol broker (Tansu).
+"""``bridge.consumer.consume`` against a real Apache Kafka broker.
 
 Kafka keeps every copy of a record, so a redelivered event (the bridge
 republishing after a crash before its checkpoint, or ``k8s-bridge replay``)
@@ -53,7 +53,7 @@ def settings_for(kafka_broker: str, topic: str, tmp_path: Path) -> Settings:
 
 
 async def publish(kafka_broker: str, topic: str, events: list[Event]) -> None:
-    sink = KafkaSink(kafka_broker, topic=topic, enable_idempotence=False)
+    sink = KafkaSink(kafka_broker, topic=topic)
     await sink.start()
     try:
         await sink.publish(events)
@@ -138,7 +138,7 @@ async def test_a_message_that_is_not_a_cloudevent_is_skipped(
     topic = f"consume-{uuid.uuid4().hex[:8]}"
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker, enable_idempotence=False)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker)
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"hello, not an event", key=b"ns/a")

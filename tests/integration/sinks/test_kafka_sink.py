@@ -1,4 +1,4 @@
-"""KafkaSink against a real Kafka-protocol broker (Tansu)."""
+"""KafkaSink against a real Apache Kafka broker, the producer at its defaults (acks=all, idempotent)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from aiokafka import AIOKafkaConsumer
 from cloudevents.v1.http import from_json
 
 from bridge.changes import ChangeDetector, Fingerprinter
-from bridge.errors import ConfigError, SinkUnavailableError
+from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 from bridge.events import Event, EventBuilder
 from bridge.sinks.kafka import KafkaSink
 from tests.fixtures.nats import free_port
+from tests.fixtures.realkafka import SASL_PASSWORD, SASL_USER, KafkaBroker
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ async def consume(bootstrap: str, topic: str, expected: int) -> list[Any]:
 
 async def test_key_headers_and_per_key_order(kafka_broker: str) -> None:
     topic = "events-" + uuid.uuid4().hex[:8]
-    sink = KafkaSink([kafka_broker], topic=topic, enable_idempotence=False)
+    sink = KafkaSink([kafka_broker], topic=topic)
     await sink.start()
     try:
         assert await sink.ping()
@@ -103,7 +104,7 @@ async def test_state_table_mode_tombstones_deletes(kafka_broker: str) -> None:
     live = deployment(1, "web", 10)
     events = [b.build(c) for c in detector.on_add(live, None)]
     events += [b.build(c) for c in detector.on_delete(deployment(1, "web", 11))]
-    sink = KafkaSink([kafka_broker], topic=topic, enable_idempotence=False, state_table=True)
+    sink = KafkaSink([kafka_broker], topic=topic, state_table=True)
     await sink.start()
     try:
         await sink.publish(events)
@@ -117,9 +118,7 @@ async def test_state_table_mode_tombstones_deletes(kafka_broker: str) -> None:
 
 async def test_topic_template(kafka_broker: str) -> None:
     tag = uuid.uuid4().hex[:6]
-    sink = KafkaSink(
-        [kafka_broker], topic="k8s-{cluster}-{group}-{resource}-" + tag, enable_idempotence=False
-    )
+    sink = KafkaSink([kafka_broker], topic="k8s-{cluster}-{group}-{resource}-" + tag)
     await sink.start()
     try:
         await sink.publish(make_events(3))
@@ -134,9 +133,7 @@ def test_bad_topic_template_is_a_config_error() -> None:
 
 
 async def test_unreachable_broker_is_unavailable() -> None:
-    sink = KafkaSink(
-        [f"127.0.0.1:{free_port()}"], enable_idempotence=False, request_timeout_ms=1000
-    )
+    sink = KafkaSink([f"127.0.0.1:{free_port()}"], request_timeout_ms=1000)
     with pytest.raises(SinkUnavailableError, match="Kafka"):
         await sink.start()
     assert not await sink.ping()
@@ -146,7 +143,7 @@ async def test_a_record_over_max_request_size_is_refused_and_the_rest_land(
     kafka_broker: str,
 ) -> None:
     topic = "big-" + uuid.uuid4().hex[:8]
-    sink = KafkaSink([kafka_broker], topic=topic, enable_idempotence=False, max_request_size=20_000)
+    sink = KafkaSink([kafka_broker], topic=topic, max_request_size=20_000)
     await sink.start()
     try:
         small = make_events(3, names=3)
@@ -179,14 +176,14 @@ async def test_each_key_lands_in_the_partition_send_would_pick_in_order(
     finally:
         await admin.close()
     # Batches of ~2 KB hold about three of these events: every partition gets several.
-    sink = KafkaSink([kafka_broker], topic=topic, enable_idempotence=False, max_batch_size=2_000)
+    sink = KafkaSink([kafka_broker], topic=topic, max_batch_size=2_000)
     await sink.start()
     try:
         events = make_events(240, names=12)
         assert await sink.publish(events) == {}
     finally:
         await sink.close()
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker, enable_idempotence=False)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker)
     await producer.start()
     try:
         await producer.partitions_for(topic)
@@ -206,3 +203,93 @@ async def test_each_key_lands_in_the_partition_send_would_pick_in_order(
     assert len(per_key) == 12
     for rvs in per_key.values():
         assert rvs == sorted(rvs) and len(rvs) == 20
+
+
+@pytest.mark.kafka_settings(message_max_bytes=20_000)
+async def test_a_record_the_broker_refuses_as_too_large_leaves_the_rest_landing(
+    real_kafka_private: KafkaBroker,
+) -> None:
+    """Kafka refuses a whole batch when one record is over ``message.max.bytes``, and
+    the idempotent producer had numbered that batch: every later batch of the
+    partition was then refused as out of order (OutOfOrderSequenceNumber), so each
+    later event met the poison policy. Only the large record is refused now."""
+    bootstrap = real_kafka_private.bootstrap
+    topic = "too-large-" + uuid.uuid4().hex[:8]
+    events = make_events(12, names=2)
+    obj = {**events[1].data["object"], "spec": {"blob": "x" * 50_000}}
+    huge = dataclasses.replace(events[1], data={**events[1].data, "object": obj})
+    sink = KafkaSink([bootstrap], topic=topic)  # maxRequestSize above the broker's limit
+    await sink.start()
+    try:
+        assert await sink.publish(events[8:]) == {}
+        refused = await sink.publish([events[0], huge, events[2], events[3]])
+        assert list(refused) == [1] and "message.max.bytes" in refused[1], refused
+        assert await sink.publish(events[4:6]) == {}
+        assert list(await sink.publish([huge])) == [0]
+        assert await sink.publish(events[6:8]) == {}
+    finally:
+        await sink.close()
+    records = await consume(bootstrap, topic, 11)
+    ids = [dict(r.headers)["ce_id"].decode() for r in records]
+    expected = [e.id for e in [*events[8:], events[0], events[2], events[3], *events[4:8]]]
+    assert ids == expected  # one partition: the order they were published in
+
+
+@pytest.mark.kafka_settings(auto_create=False)
+async def test_a_missing_topic_is_named_and_publishing_resumes_once_it_exists(
+    real_kafka_private: KafkaBroker,
+) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    bootstrap = real_kafka_private.bootstrap
+    topic = "missing-" + uuid.uuid4().hex[:8]
+    sink = KafkaSink([bootstrap], topic=topic, metadata_timeout=2.0)
+    await sink.start()
+    try:
+        events = make_events(3)
+        with pytest.raises(SinkUnavailableError, match=f"topic '{topic}' does not exist"):
+            await sink.publish(events)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        finally:
+            await admin.close()
+        assert await sink.publish(events) == {}
+    finally:
+        await sink.close()
+    assert len(await consume(bootstrap, topic, 3)) == 3
+
+
+async def test_a_wrong_sasl_password_is_refused_in_one_line_not_retried(
+    real_kafka: KafkaBroker,
+) -> None:
+    """aiokafka reports a refused login as "Unable to bootstrap": the sink must not
+    take it for a bus to wait for."""
+    topic = "sasl-" + uuid.uuid4().hex[:8]
+
+    def sink(password: str) -> KafkaSink:
+        return KafkaSink(
+            [real_kafka.sasl_bootstrap],
+            topic=topic,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_username=SASL_USER,
+            sasl_password=password,
+        )
+
+    wrong = sink("not-" + SASL_PASSWORD)
+    with pytest.raises(SinkError) as refused:
+        await wrong.start()
+    assert not isinstance(refused.value, SinkUnavailableError)
+    message = str(refused.value)
+    assert f"authentication failed for user '{SASL_USER}'" in message
+    assert real_kafka.sasl_bootstrap in message and "\n" not in message
+    assert SASL_PASSWORD not in message
+    right = sink(SASL_PASSWORD)
+    await right.start()
+    try:
+        assert await right.publish(make_events(2)) == {}
+    finally:
+        await right.close()
+    assert len(await consume(real_kafka.bootstrap, topic, 2)) == 2
