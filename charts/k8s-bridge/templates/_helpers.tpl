@@ -68,6 +68,21 @@ the leaderElection block the chart owns when .Values.leaderElection.enabled
 {{- end -}}
 {{- end -}}
 
+{{/*
+Who may call POST /snapshot, as the bridge resolves server.controlAuth:
+kubernetes | token | none (omitted: token when controlToken is set, else kubernetes).
+*/}}
+{{- define "k8s-bridge.controlAuth" -}}
+{{- $server := default (dict) (get .Values.config "server") -}}
+{{- if get $server "controlAuth" -}}
+{{- get $server "controlAuth" -}}
+{{- else if get $server "controlToken" -}}
+token
+{{- else -}}
+kubernetes
+{{- end -}}
+{{- end -}}
+
 {{- define "k8s-bridge.serverPort" -}}
 {{- $server := default (dict) (get .Values.config "server") -}}
 {{- default 8080 (get $server "port") -}}
