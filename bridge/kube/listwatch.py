@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, cast
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any, TypeVar, cast
 
 import orjson
 
+from bridge.errors import NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.liststream import ListBody
 from bridge.kube.objects import ListResponse, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
+
+T = TypeVar("T")
 
 
 class ListWatch:
@@ -49,6 +52,29 @@ class ListWatch:
     def __repr__(self) -> str:
         scope = self.namespace or "*"
         return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope})"
+
+    def _not_served(self, e: NotFoundError) -> NotFoundError:
+        """A 404 for the collection itself: discovery served the resource when the
+        pipeline started, so it went away since (a CustomResourceDefinition deleted;
+        the real server answers a bare "404 page not found", naming nothing)."""
+        r = self.resource
+        return NotFoundError(
+            f"the API server no longer serves {r.plural} of {r.api_version} ({e}); "
+            "was its CustomResourceDefinition deleted?",
+            code=404,
+            reason=e.reason,
+            status=e.status,
+        )
+
+    @asynccontextmanager
+    async def _opened(self, cm: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
+        """``cm`` entered, its 404 named (``_not_served``); errors once open pass as they are."""
+        async with AsyncExitStack() as stack:
+            try:
+                value = await stack.enter_async_context(cm)
+            except NotFoundError as e:
+                raise self._not_served(e) from e
+            yield value
 
     def _selectors(self, params: dict[str, str | int | bool]) -> None:
         if self.label_selector:
@@ -86,7 +112,10 @@ class ListWatch:
             }
             return listed
         params = self._list_params(options)
-        result = await self.client.request_json("GET", self.path, params=params)
+        try:
+            result = await self.client.request_json("GET", self.path, params=params)
+        except NotFoundError as e:
+            raise self._not_served(e) from e
         kind = self.resource.kind
         api_version = self.resource.api_version
         for item in result.get("items") or ():
@@ -98,7 +127,7 @@ class ListWatch:
     @asynccontextmanager
     async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
         params = self._list_params(options)
-        async with self.client.stream_body("GET", self.path, params) as chunks:
+        async with self._opened(self.client.stream_body("GET", self.path, params)) as chunks:
             body = ListBody(
                 chunks,
                 kind=self.resource.kind,
@@ -133,7 +162,7 @@ class ListWatch:
             params,
             decode=self.decoder.watch_event if self.decoder is not None else orjson.loads,
         )
-        return stream
+        return self._opened(stream)
 
 
 def list_watches_for(

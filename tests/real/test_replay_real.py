@@ -9,8 +9,11 @@ fallback diffs the current state against the checkpoint of the bridge that is st
 running beside it. An RV the server has not reached gives one line naming it.
 
 What the real server answers (asserted below, so a change of it shows here first):
-an exact LIST at a compacted RV is ``410 Expired``, "The resourceVersion for the
-provided list is too old."; at a future RV, after waiting up to 3 s for it, ``504
+right after an etcd compaction an exact LIST at an older RV, and a watch from it,
+are still served from the watch cache (its snapshots and event window); once the
+cache no longer holds that RV (here: a restarted API server), the exact LIST is
+``410 Expired``, "The resourceVersion for the provided list is too old." (a watch:
+an ERROR event, 410 Expired "too old resource version: RV (oldest)"); at a future RV, after waiting up to 3 s for it, ``504
 Timeout`` "Timeout: Too large resource version: <RV>, current: <current>" with the cause
 ``ResourceVersionTooLarge``.
 """
