@@ -212,6 +212,8 @@ class LeaderElector:
         self._observed: dict[str, Any] | None = None
         self._observed_at = 0.0
         self._lease: Lease | None = None
+        # The reason of the last refused attempt already logged as a warning.
+        self._warned: str | None = None
 
     # -- state -------------------------------------------------------------------
 
@@ -251,6 +253,22 @@ class LeaderElector:
         self._observed = _record(lease.get("spec") or {})
         self._observed_at = now
         self._lease = lease
+        self._warned = None
+
+    def _refused(self, what: str, exc: KubeError) -> None:
+        """An attempt failed. A 409 is the race the resourceVersion exists for (someone
+        wrote first; the next attempt re-reads). Anything else, such as a namespace that
+        does not exist or RBAC without the Lease verbs, would leave this replica a
+        standby for ever without a word: one warning per reason, repeats at debug."""
+        if isinstance(exc, ConflictError) or str(exc) == self._warned:
+            _log.debug(f"lease {what} failed", lease=self.name, error=str(exc))
+            return
+        self._warned = str(exc)
+        _log.warning(
+            f"cannot {what} the leader election lease; retrying",
+            lease=f"{self.namespace}/{self.name}",
+            error=str(exc),
+        )
 
     # -- one attempt (tryAcquireOrRenew) -------------------------------------------
 
@@ -291,12 +309,12 @@ class LeaderElector:
             try:
                 created = await self._client.create(self.namespace, lease)
             except KubeError as exc:
-                _log.debug("lease create failed", lease=self.name, error=str(exc))
+                self._refused("create", exc)
                 return False
             self._set_own(created, now)
             return True
         except KubeError as exc:
-            _log.debug("lease get failed", lease=self.name, error=str(exc))
+            self._refused("get", exc)
             return False
 
         self._observe(current, now)
@@ -314,8 +332,7 @@ class LeaderElector:
         try:
             updated = await self._client.update(self.namespace, self._with_spec(spec))
         except KubeError as exc:
-            # 409: someone wrote in between; this attempt failed, the next re-reads.
-            _log.debug("lease update failed", lease=self.name, error=str(exc))
+            self._refused("update", exc)
             return False
         self._set_own(updated, now)
         return True

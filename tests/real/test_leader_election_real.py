@@ -25,6 +25,7 @@ import random
 import re
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -78,7 +79,14 @@ async def is_leader(bridge: BridgeProcess) -> bool:
 
 
 def replica(
-    tmp_path: Path, kubeconfig: Path, nats: NatsServer, namespace: str, identity: str
+    tmp_path: Path,
+    kubeconfig: Path,
+    nats: NatsServer,
+    namespace: str,
+    identity: str,
+    *,
+    lease_namespace: str | None = None,
+    **extra: Any,
 ) -> BridgeProcess:
     home = tmp_path / identity
     home.mkdir()
@@ -88,9 +96,10 @@ def replica(
         resources=[{"apiVersion": "v1", "kind": "ConfigMap", "namespaces": [namespace]}],
         sink={"kind": "nats", "nats": {"servers": [nats.url]}},
         checkpoint={"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1},
+        **extra,
         leaderElection={
             "enabled": True,
-            "namespace": namespace,
+            "namespace": lease_namespace or namespace,
             "leaseName": LEASE_NAME,
             "identity": identity,
             "leaseDuration": LEASE,
@@ -304,6 +313,70 @@ async def test_kill9_failover_under_churn_on_real_leases(
         f"lease {LEASE}s); {len(churn.made)} changes, {len(churn.deleted)} deletes, "
         f"{len(events)} events; resumed by {'relist' if relisted else 'watch'}"
     )
+
+
+async def test_a_lease_the_replica_cannot_write_is_one_warning_line(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+) -> None:
+    """A ``leaderElection.namespace`` that does not exist (404 on create) or RBAC without
+    the Lease verbs (403 on get) keeps a replica a standby for ever, and a standby is
+    ready: the log must say why, once, not at every retry."""
+    ns = kube_namespace
+    absent = f"absent-{uuid.uuid4().hex[:8]}"
+    kube_cluster.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "configmaps-only", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}],
+        }
+    )
+    kube_cluster.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "bridge", "namespace": ns},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "configmaps-only",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "bridge", "namespace": ns}],
+        }
+    )
+    token = kube_cluster.service_account_token(ns, "bridge")
+    admin = kube_cluster.write_kubeconfig(tmp_path / "admin.kubeconfig")
+    account = kube_cluster.write_kubeconfig(tmp_path / "sa.kubeconfig", token=token)
+    debug: dict[str, Any] = {"logging": {"format": "json", "level": "debug"}}
+    missing = replica(
+        tmp_path, admin, nats_control, ns, "no-namespace", lease_namespace=absent, **debug
+    )
+    forbidden = replica(tmp_path, account, nats_control, ns, "no-rbac", **debug)
+
+    def lines(bridge: BridgeProcess) -> list[dict[str, Any]]:
+        text = bridge.log.read_text() if bridge.log.exists() else ""
+        return [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def retried(bridge: BridgeProcess, n: int = 4) -> bool:
+        failed = [x for x in lines(bridge) if str(x["event"]).startswith("lease ")]
+        return len(failed) >= n
+
+    await missing.start()
+    await forbidden.start()
+    try:
+        await until(lambda: retried(missing) and retried(forbidden), 60, missing.tail_log)
+        assert not await is_leader(missing) and not await is_leader(forbidden)
+    finally:
+        codes = [await missing.stop(), await forbidden.stop()]
+    assert codes == [0, 0]
+    for bridge, lease, why in (
+        (missing, f"{absent}/{LEASE_NAME}", f'namespaces "{absent}" not found'),
+        (forbidden, f"{ns}/{LEASE_NAME}", 'cannot get resource "leases"'),
+    ):
+        warned = [x for x in lines(bridge) if x["level"] == "warning" and x.get("lease") == lease]
+        assert len(warned) == 1, (lease, warned)
+        assert why in warned[0]["error"], warned[0]
+        assert "leader election lease" in warned[0]["event"]
 
 
 # -- the Lease API itself, in process ----------------------------------------------------
