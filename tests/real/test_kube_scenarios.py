@@ -27,7 +27,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    jetstream_events,
+    kill9,
+    until,
+    write_config,
+)
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 
@@ -78,6 +84,7 @@ class Setup:
         *,
         informer: Body | None = None,
         kubeconfig: Path | None = None,
+        max_batch: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.ns = ns
@@ -89,7 +96,8 @@ class Setup:
         self.config = write_config(
             tmp_path / "bridge.yaml",
             kubeconfig=kubeconfig or cluster.write_kubeconfig(tmp_path / "kubeconfig"),
-            sink={"kind": "nats", "nats": {"servers": [nats.url]}},
+            sink={"kind": "nats", "nats": {"servers": [nats.url]}}
+            | ({"maxBatch": max_batch} if max_batch else {}),
             resources=[
                 {
                     "apiVersion": "v1",
@@ -107,6 +115,25 @@ class Setup:
 
     async def events(self) -> list[Body]:
         return await jetstream_events(self.nats.url)
+
+    def written_ahead(self) -> tuple[int, str]:
+        """(digest rows, stored watermark) as the checkpoint has them now."""
+        if not self.db.exists():
+            return 0, ""
+        con = sqlite3.connect(self.db)
+        try:
+            rows = con.execute(
+                "select count(*) from digests where resource_id = ?", (self.resource_id,)
+            ).fetchone()[0]
+            row = con.execute(
+                "select resource_version from watermarks where resource_id = ?",
+                (self.resource_id,),
+            ).fetchone()
+        except sqlite3.OperationalError:  # the tables are not there yet
+            return 0, ""
+        finally:
+            con.close()
+        return int(rows), str(row[0]) if row and row[0] else ""
 
     def watermark(self) -> int:
         """The committed watermark (0 before the first commit) and no digest uncertain."""
@@ -251,6 +278,59 @@ async def test_first_sync_by_list_publishes_each_pod_once(
     assert [(x["mode"], x["items"], x["pages"]) for x in listed] == [("list", 300, 1)], listed
     after = apiserver_count(kube_cluster, "apiserver_request_total", **lists)
     assert after - before == 1
+
+
+async def test_first_sync_cut_by_kill9_is_redone_by_a_paginated_consistent_list(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+) -> None:
+    """The paginated LIST, for real: a bridge killed in its first sync left events
+    written ahead and no watermark, so the next one lists the latest state (a
+    consistent read, resourceVersion "") in pages of informer.pageSize, diffed
+    against those rows: each Pod reaches the stream once."""
+    pods = make_pods(kube_cluster, kube_namespace, 300)
+    setup = Setup(
+        tmp_path,
+        kube_cluster,
+        kube_namespace,
+        nats_control,
+        informer={"watchList": "off", "pageSize": 25},
+        max_batch=5,  # a first sync of many small batches: a kill lands inside it
+    )
+    bridge = setup.bridge()
+    await bridge.start()
+
+    async def mid_sync() -> bool:
+        assert bridge.proc is not None and bridge.proc.returncode is None, bridge.tail_log()
+        rows, mark = setup.written_ahead()
+        assert not mark, "the first sync ended before the kill"
+        return rows > 0
+
+    await until(mid_sync, 60, bridge.tail_log)
+    kill9(bridge)
+    assert bridge.proc is not None
+    await bridge.proc.wait()
+    since = bridge.log.stat().st_size
+    lists = {"verb": "LIST", "resource": "pods", "scope": "namespace"}
+    before = apiserver_count(kube_cluster, "apiserver_request_total", **lists)
+
+    bridge = setup.bridge()
+    await bridge.start()
+    try:
+        await bridge.wait_ready(60)
+        await setup.caught_up(bridge, max(uid_rv(o)[1] for o in pods.values()))
+        events = await setup.events()
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+    resumed = log_lines(bridge, "resuming from checkpoint", since)
+    assert [(x["relist"], x["resource_version"]) for x in resumed] == [(True, "")], resumed
+    listed = log_lines(bridge, "listed", since)
+    assert [(x["mode"], x["items"], x["pages"]) for x in listed] == [("list", 300, 12)], listed
+    after = apiserver_count(kube_cluster, "apiserver_request_total", **lists)
+    assert after - before == 12
+    # Each Pod once, with the id of its one state: an event written ahead and sent
+    # before the kill is sent again with the same id, and the stream keeps one.
+    assert sorted(e["id"] for e in events) == ids_of(pods)
+    assert {e["type"].rsplit(".", 1)[-1] for e in events} <= {"added", "modified"}
 
 
 async def test_first_sync_by_streaming_list_publishes_each_pod_once(

@@ -1,0 +1,121 @@
+"""kill -9 at random moments on a real kube-apiserver: the crash property of
+tests/e2e/test_crash_property.py, through a real JetStream and a real Apache Kafka.
+
+Pods in the test's own namespace change at random (created, annotated, deleted,
+names reused) while ``k8s-bridge run`` is killed at random moments, changed
+further while it is down, and sometimes the history is compacted: etcd
+physically, and kube-apiserver restarted so its watch cache forgets too (a
+compaction alone leaves the cache serving the old resourceVersions, see
+tests/real/test_kube_scenarios.py), so the restarted bridge meets a real 410.
+Kafka runs with the producer's defaults: acks=all, idempotence on.
+
+The seed is in every failure message (``CRASH_SEED=… pytest …`` replays a run).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.bridge_process import jetstream_events, write_config
+from tests.e2e.crash_world import (
+    Target,
+    annotation_patch,
+    check_property,
+    crash_rounds,
+    kafka_events,
+    seed,
+    sqlite_settled,
+)
+from tests.fixtures.kube import KubeCluster
+from tests.fixtures.nats import NatsServer
+from tests.fixtures.realkafka import KafkaBroker
+
+pytestmark = [pytest.mark.timeout(300)]
+
+INITIAL = 300
+ROUNDS = 5
+
+
+def real_target(cluster: KubeCluster, ns: str, rng: random.Random) -> Target:
+    def compact() -> str:
+        rev = cluster.compact()
+        # Half the time the watch cache forgets as well: the bridge then meets a 410.
+        if rng.random() < 0.5:
+            cluster.restart_apiserver()
+            return f"compacted etcd at {rev}, restarted kube-apiserver"
+        return f"compacted etcd at {rev}"
+
+    # Real API calls are synchronous and slower than the emulator's: a realistic churn.
+    return Target(
+        cluster,
+        ns,
+        compact,
+        mutate=annotation_patch,
+        rate=40.0,
+        down_changes=30,
+        run_seconds=(0.0, 3.0),
+        from_health=True,
+    )
+
+
+def config(tmp_path: Path, cluster: KubeCluster, ns: str, sink: dict[str, Any]) -> Path:
+    return write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=cluster.write_kubeconfig(tmp_path / "kubeconfig"),
+        sink=sink,
+        resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
+        # The default cadence: a second of acknowledged events not yet committed as certain.
+        checkpoint={"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 1.0},
+    )
+
+
+async def test_kill9_at_random_moments_on_kube_apiserver_against_jetstream(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+) -> None:
+    s = seed()
+    rng = random.Random(s)
+    ns = kube_namespace
+    path = config(
+        tmp_path, kube_cluster, ns, {"kind": "nats", "nats": {"servers": [nats_control.url]}}
+    )
+    world = await crash_rounds(
+        real_target(kube_cluster, ns, random.Random(s + 1)),
+        path,
+        rng,
+        ROUNDS,
+        sqlite_settled(tmp_path / "state.db", f"core/v1/pods@{ns}"),
+        initial=INITIAL,
+        seed=s,
+    )
+    events = await jetstream_events(nats_control.url)
+    ids = [e["id"] for e in events]
+    # The duplicate window drops every redelivery: ids are stable across crashes.
+    assert len(ids) == len(set(ids)), f"an id reached the stream twice (CRASH_SEED={s})"
+    check_property(world, events, s, "kube-apiserver+jetstream")
+
+
+async def test_kill9_at_random_moments_on_kube_apiserver_against_real_kafka(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, real_kafka: KafkaBroker
+) -> None:
+    s = seed()
+    rng = random.Random(s)
+    ns = kube_namespace
+    topic = "crash-" + uuid.uuid4().hex[:8]
+    # The producer's defaults (acks=all, enable.idempotence=true): no override here.
+    sink = {"kind": "kafka", "kafka": {"bootstrapServers": [real_kafka.bootstrap], "topic": topic}}
+    world = await crash_rounds(
+        real_target(kube_cluster, ns, random.Random(s + 1)),
+        config(tmp_path, kube_cluster, ns, sink),
+        rng,
+        ROUNDS,
+        sqlite_settled(tmp_path / "state.db", f"core/v1/pods@{ns}"),
+        initial=INITIAL,
+        seed=s,
+    )
+    events = await kafka_events(real_kafka.bootstrap, topic)
+    check_property(world, events, s, "kube-apiserver+kafka")
