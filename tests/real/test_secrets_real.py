@@ -16,7 +16,9 @@ and ``patch``) and logs JSON at debug level, the other writes to stdout (the
 objects' unread parts spliced in as the server's bytes) and logs for a console
 at debug level. Every stored JetStream message is read raw (subject, headers
 and payload as the server keeps them), and so is every byte the bridges wrote
-to stdout and stderr. The values are distinctive (a uuid each) so a search for
+to stdout and stderr. Then ``k8s-bridge replay`` from before the first apply
+builds every event again from the server's watch history onto the same stream,
+and its output is searched too. The values are distinctive (a uuid each) so a search for
 them, plain or base64, cannot miss.
 """
 
@@ -34,7 +36,7 @@ import orjson
 import pytest
 
 from bridge.events import LAST_APPLIED, REDACTED
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, until, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 
@@ -164,6 +166,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
     try:
         await to_bus.wait_ready(60)
         await to_stdout.wait_ready(60)
+        before = kube_cluster.resource_version
 
         # creds: client-side apply, re-apply changed, then server-side apply over it.
         out = await kubectl(kube_cluster, "apply", "-f", "-", stdin=secret_manifest(
@@ -211,8 +214,17 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
     finally:
         codes = [await to_bus.stop(), await to_stdout.stop()]
     assert codes == [0, 0]
-    # Stopped: everything either bridge published or logged is in these bytes now.
-    raw = await raw_stream_messages(nats_control.url)
+    live = len(await raw_stream_messages(nats_control.url))
+    # Replay from before the first apply: the real server's watch history, built again.
+    code, replay_out, replay_err = await cli(
+        "replay", "--config", str(to_bus.config), "--resource", "Secret",
+        "--from-resource-version", str(before), "--namespace", ns,
+    )  # fmt: skip
+    assert code == 0, replay_err
+    # Stopped: everything the bridges and the replay published or logged is in these bytes.
+    everything = await raw_stream_messages(nats_control.url)
+    raw, replayed = everything[:live], everything[live:]
+    assert changes(events_of(replayed)) == changes(events_of(raw))
     published = changes(events_of(raw))
     assert changes(stdout_events(to_stdout)) == published
     creds = [c for subject, c in published if subject == f"{ns}/creds"]
@@ -222,7 +234,8 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
     assert [c for subject, c in published if subject == f"{ns}/only-ssa"] == ["added", "deleted"]
     assert all(m["headers"] for m in raw), "the search covers the headers (Nats-Msg-Id)"
     searched = {
-        "bus": b"\n".join(m["subject"] + b"\n" + m["headers"] + m["data"] for m in raw),
+        "bus": b"\n".join(m["subject"] + b"\n" + m["headers"] + m["data"] for m in everything),
+        "replay's output": (replay_out + replay_err).encode(),
         "stdout": to_stdout.stdout.read_bytes(),
         "log (JetStream bridge)": to_bus.log.read_bytes(),
         "log (stdout bridge)": to_stdout.log.read_bytes(),
@@ -234,7 +247,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
             for form in forms(v):
                 assert form not in data, f"{form!r} reached the {where}"
 
-    for events in (events_of(raw), stdout_events(to_stdout)):
+    for events in (events_of(raw), events_of(replayed), stdout_events(to_stdout)):
         for event in events:
             objects = [event["data"]["object"], event["data"].get("old")]
             for obj in filter(None, objects):
