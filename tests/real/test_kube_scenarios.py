@@ -414,6 +414,19 @@ async def test_live_changes_publish_once_each_in_order_and_ignored_fields_nothin
 # -- 3. a watch cut, resumed from the streaming list's bookmark ------------------------------
 
 
+async def watch_past_short(bridge: BridgeProcess) -> None:
+    """Until the watch after the bridge's one list is 1.5 s old.
+
+    A watch that ends within a second of opening with no event is taken for a
+    server that refuses watches and answered by a relist (client-go's "very
+    short watch"); a watch cut later resumes from its resourceVersion."""
+    listed = log_lines(bridge, "listed")
+    assert len(listed) == 1, listed
+    opened = datetime.fromisoformat(listed[0]["timestamp"].replace("Z", "+00:00"))
+    age = (datetime.now(UTC) - opened).total_seconds()
+    await asyncio.sleep(max(0.0, 1.5 - age))
+
+
 class CuttableProxy:
     """A TCP relay to kube-apiserver (TLS passes through) that the test can cut.
 
@@ -505,12 +518,7 @@ async def test_watch_cut_resumes_from_the_bookmark_without_a_relist(
             assert bookmark > max(uid_rv(o)[1] for o in pods.values())
             listed = log_lines(bridge, "listed")
             assert [x["resource_version"] for x in listed] == [str(bookmark)]
-            # A watch that ends within a second of opening with no event is taken for
-            # a server that refuses watches and is answered by a relist (client-go's
-            # "very short watch"); a watch cut later resumes. Cut that later watch.
-            opened = datetime.fromisoformat(listed[0]["timestamp"].replace("Z", "+00:00"))
-            age = (datetime.now(UTC) - opened).total_seconds()
-            await asyncio.sleep(max(0.0, 1.5 - age))
+            await watch_past_short(bridge)
 
             await proxy.cut()
             created = cluster.create(pod("new", ns))
@@ -546,6 +554,62 @@ async def test_watch_cut_resumes_from_the_bookmark_without_a_relist(
     assert relists == {"initial": 1.0}, relists
     restarts = by_label(metrics, "k8s_bridge_watch_restarts_total", "reason", resource=setup.label)
     assert sum(restarts.values()) >= 1, restarts
+
+
+async def test_apiserver_restart_is_a_410_and_the_relist_publishes_exactly_the_changes(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+) -> None:
+    """kube-apiserver restarted under a running bridge: its new watch cache starts at
+    etcd's revision of that moment, which the API server's own writes (its identity
+    Lease, every 10 s) have moved past the bridge's, so the resumed watch meets a 410
+    and the bridge relists. The changes made meanwhile are published once each."""
+    ns, cluster = kube_namespace, kube_cluster
+    pods = make_pods(cluster, ns, 5)
+    proxy = CuttableProxy(cluster.port)
+    await proxy.start()
+    try:
+        kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig.write_text(
+            kubeconfig.read_text().replace(cluster.url, f"https://127.0.0.1:{proxy.port}")
+        )
+        setup = Setup(tmp_path, cluster, ns, nats_control, kubeconfig=kubeconfig)
+        bridge = setup.bridge()
+        await bridge.start()
+        try:
+            await bridge.wait_ready(60)
+            await setup.caught_up(bridge, max(uid_rv(o)[1] for o in pods.values()))
+            await watch_past_short(bridge)
+            # The bridge is cut off while the changes are made and the server restarts,
+            # so it meets the fresh server with its old resourceVersion whatever the timing.
+            await proxy.cut()
+            created = cluster.create(pod("new", ns))
+            modified = relabel(cluster, ns, "p1", "2")
+            set_condition(cluster, ns, "p3", "True")  # ignored: nothing
+            gone = cluster.delete("v1", "Pod", "p2", namespace=ns)
+            cluster.restart_apiserver()
+            await proxy.resume()
+            await setup.caught_up(bridge, uid_rv(gone)[1])
+            await setup.published(bridge, {"added": 6, "modified": 1, "deleted": 1})
+            events = await setup.events()
+            metrics = await bridge.metrics()
+        finally:
+            assert await bridge.stop() == 0, bridge.tail_log()
+    finally:
+        await proxy.close()
+    relists = by_label(metrics, "k8s_bridge_relists_total", "reason", resource=setup.label)
+    assert relists == {"initial": 1.0, "expired": 1.0}, relists
+    relisting = [x["error"] for x in log_lines(bridge, "relisting")]
+    assert len(relisting) == 1 and relisting[0].startswith("too old resource version"), relisting
+    assert sorted(summary(events[5:])) == sorted(
+        [
+            ("added", f"{ns}/new", "{}:{}".format(*uid_rv(created))),
+            ("modified", f"{ns}/p1", "{}:{}".format(*uid_rv(modified))),
+            # Seen gone by the relist: a tombstone, no terminating state before it.
+            ("deleted", f"{ns}/p2", f"{pods['p2']['metadata']['uid']}:deleted"),
+        ]
+    )
+    (deleted,) = [e for e in events if e["type"].endswith(".deleted")]
+    assert deleted["data"]["tombstone"] is True
 
 
 # -- 4. 410 after a real etcd compaction, deletes while down -------------------------------
