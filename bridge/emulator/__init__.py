@@ -17,12 +17,14 @@ body or query) to ``/_emulator/<action>`` with action one of ``drop_watches``,
 kind, plural, namespaced, short_names), ``forbid`` (verb, resource, group,
 namespace); GET ``/_emulator/requests`` and ``/_emulator/state``.
 
-Known differences from a real API server: only JSON is spoken (protobuf bodies,
-as ``kubectl create configmap`` sends, get 415); no OpenAPI documents (``kubectl
-apply`` needs ``--validate=false``); namespaces need not exist before objects are
-created in them, and deleting one removes its objects at once; status is not a
-separate subresource on the main resource (a PUT may change it); strategic
-merge patch merges lists of objects by ``name`` (and a few other keys) only.
+Known differences from a real API server (docs/emulator-fidelity.md lists them all;
+tests/real/test_conformance.py runs the same assertions against both): only JSON
+is spoken (protobuf bodies, as ``kubectl create configmap`` sends, get 415); no
+OpenAPI documents (``kubectl apply`` needs ``--validate=false``); namespaces need
+not exist before objects are created in them, and deleting one removes its
+objects at once; status is not a separate subresource on the main resource (a
+PUT may change it); strategic merge patch merges lists of objects by ``name``
+(and a few other keys) only; a compaction also empties the watch history at once.
 """
 
 from bridge.emulator.chaos import Chaos

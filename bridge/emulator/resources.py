@@ -57,9 +57,26 @@ def builtin_resources() -> list[ResourceType]:
             "Pod",
             "pods",
             short_names=("po",),
-            selectable_fields=("spec.nodeName", "status.phase"),
+            selectable_fields=(
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.podIPs",
+                "status.nominatedNodeName",
+            ),
         ),
-        ResourceType("", "v1", "Service", "services", short_names=("svc",)),
+        ResourceType(
+            "",
+            "v1",
+            "Service",
+            "services",
+            short_names=("svc",),
+            selectable_fields=("spec.clusterIP", "spec.type"),
+        ),
         ResourceType("", "v1", "ConfigMap", "configmaps", short_names=("cm",)),
         ResourceType("", "v1", "Secret", "secrets", selectable_fields=("type",)),
         ResourceType(
@@ -69,6 +86,7 @@ def builtin_resources() -> list[ResourceType]:
             "namespaces",
             namespaced=False,
             short_names=("ns",),
+            verbs=tuple(v for v in ALL_VERBS if v != "deletecollection"),
             selectable_fields=("status.phase",),
         ),
         ResourceType(
@@ -165,12 +183,13 @@ class Registry:
         ]
         if not items:
             return None
-        return {
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": f"{group}/{version}" if group else version,
-            "resources": sorted(items, key=lambda e: e["name"]),
-        }
+        doc: dict[str, Any] = {"kind": "APIResourceList"}
+        if group:
+            # The core group's document carries no apiVersion; the others' do.
+            doc["apiVersion"] = "v1"
+        doc["groupVersion"] = f"{group}/{version}" if group else version
+        doc["resources"] = sorted(items, key=lambda e: e["name"])
+        return doc
 
     def api_versions(self) -> dict[str, Any]:
         return {

@@ -97,8 +97,14 @@ def parse_field_selector(text: str | None, allowed: tuple[str, ...]) -> Matcher 
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         path, op, value = m.group(1), m.group(2), m.group(3)
         if path not in ("metadata.name", "metadata.namespace", *allowed):
-            # The API server's wording (k8s.io/kubernetes pkg/apis/core/v1/conversion.go).
-            raise bad_request(f"field label not supported: {path}")
+            if allowed:
+                # A kind with fields of its own (k8s.io/kubernetes pkg/apis/core/v1/conversion.go).
+                raise bad_request(f"field label not supported: {path}")
+            # Any other kind (k8s.io/apimachinery pkg/runtime/conversion.go).
+            raise bad_request(
+                f'"{path}" is not a known field selector: only "metadata.name", '
+                '"metadata.namespace"'
+            )
         reqs.append((path, op == "!=", value))
 
     def matches(obj: dict[str, Any]) -> bool:

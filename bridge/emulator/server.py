@@ -36,10 +36,12 @@ from bridge.emulator.store import (
     full_object,
 )
 from bridge.emulator.tables import TableWatchEncoder, table
-from bridge.errors import ApiStatusError, NotFoundError
+from bridge.errors import ApiStatusError, NotFoundError, status_error
 
 log = logging.getLogger(__name__)
 DEFAULT_WATCH_TIMEOUT = 1800.0
+# The watch cache's last bookmark comes this long before a watch's timeoutSeconds.
+PRE_TIMEOUT_BOOKMARK = 2.0
 # The bearer token of the kubeconfig the emulator writes; its TokenReviews know only it.
 EMULATOR_TOKEN = "emulator"
 # Large answers go out in pieces of about this size, encoded as they are sent:
@@ -106,6 +108,10 @@ def _json(body: Any, status_code: int = 200, headers: dict[str, str] | None = No
         content_type="application/json",
         headers=headers,
     )
+
+
+def _page_not_found() -> web.Response:
+    return web.Response(text="404 page not found\n", status=404, content_type="text/plain")
 
 
 def _status_response(err: ApiStatusError) -> web.Response:
@@ -361,10 +367,13 @@ class Emulator:
                 for g in self.registry.api_group_list()["groups"]:
                     if g["name"] == parts[1]:
                         return _json({"kind": "APIGroup", "apiVersion": "v1", **g})
-                raise self._no_route()
+                return _page_not_found()
             group, version, rest = parts[1], parts[2], parts[3:]
+            if group not in self.registry.group_versions():
+                # No handler serves that group: Go's mux answers, not the API.
+                return _page_not_found()
         else:
-            raise self._no_route()
+            return _page_not_found()
         if not rest:
             doc = self.registry.resource_list(group, version)
             if doc is None:
@@ -375,7 +384,9 @@ class Emulator:
 
     @staticmethod
     def _no_route() -> ApiStatusError:
-        return status.error(404, "NotFound", "the server could not find the requested resource")
+        return status.error(
+            404, "NotFound", "the server could not find the requested resource", details={}
+        )
 
     def _target(self, group: str, version: str, rest: builtins.list[str]) -> _Target:
         if len(rest) >= 3 and rest[0] == "namespaces":
@@ -563,11 +574,23 @@ class Emulator:
         )
         return items
 
-    def _parse_rv(self, raw: str) -> int:
+    @staticmethod
+    def _parse_rv(raw: str, *, watch: bool = False) -> int:
         try:
+            if not raw.isdigit():
+                raise ValueError(raw)
             return int(raw)
         except ValueError:
-            raise status.bad_request(f'invalid resource version "{raw}"') from None
+            why = (
+                f'resourceVersion: Invalid value: "{raw}": strconv.ParseUint: '
+                f'parsing "{raw}": invalid syntax'
+            )
+            if watch:
+                # The watch path hands the storage error on untranslated: a bare 500.
+                body = {**status.status(500, "", why), "code": 500}
+                body.pop("reason")
+                raise status_error(body) from None
+            raise status.bad_request(f"invalid resource version: {why}") from None
 
     async def _list(
         self, request: web.Request, target: _Target, query: dict[str, str], as_table: bool
@@ -579,22 +602,22 @@ class Emulator:
         limit_raw = query.get("limit")
         limit = int(limit_raw) if limit_raw and limit_raw.isdigit() and int(limit_raw) > 0 else None
         cont = query.get("continue") or None
-        if rv_raw == "0" and not cont:
-            # Like the 1.32 watch cache: RV=0 lists are served whole, the limit is ignored.
-            limit = None
-        if match and not rv_raw:
-            raise status.error(
-                422,
-                "Invalid",
-                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+        self._validate_list_options(query)
+        if cont and rv_raw not in ("", "0"):
+            raise status.bad_request(
+                "specifying resource version is not allowed when using continue"
             )
+        if rv_raw == "0" and not cont:
+            # Like the watch cache: RV=0 lists are served whole, the limit is ignored.
+            limit = None
         exact: int | None = None
         if rv_raw and rv_raw != "0" and not cont:
             rv = self._parse_rv(rv_raw)
-            if match == "Exact":
+            # A resourceVersion with a limit and no match is Exact (the legacy rule).
+            if match == "Exact" or (not match and limit):
                 exact = rv
             elif rv > self.store.rv:
-                raise status.too_large_rv()
+                raise status.too_large_rv(rv, self.store.rv)
         items, list_rv, token, remaining = self.store.list_objects(
             res,
             target.namespace,
@@ -657,7 +680,7 @@ class Emulator:
         timeout = float(timeout_raw) if timeout_raw else DEFAULT_WATCH_TIMEOUT
         send_initial = self.watch_list and "sendInitialEvents" in query
         initial_events = send_initial and _truthy(query.get("sendInitialEvents"))
-        self._validate_watch_options(query, send_initial, bookmarks)
+        self._validate_watch_options(query)
         encoder = TableWatchEncoder(query.get("includeObject", "Metadata")) if as_table else None
         watcher = Watcher(res, target.namespace, matcher, encoder)
         start_rv = store.rv
@@ -665,70 +688,139 @@ class Emulator:
         # an explicit false there means "from now on, nothing before".
         synthetic = initial_events or (rv_raw in ("", "0") and not send_initial)
         if synthetic:
-            if rv_raw not in ("", "0") and self._parse_rv(rv_raw) > store.rv:
-                raise status.too_large_rv()
+            asked = 0 if rv_raw in ("", "0") else self._parse_rv(rv_raw, watch=True)
+            if asked > store.rv:
+                # The watch cache waited (3 s) for a version it never reached; it says
+                # so in the stream, as it says every failure after the request was read.
+                return await self._error_event(request, status.too_large_rv(asked, store.rv))
             items, _, _, _ = store.list_objects(res, target.namespace, matcher)
             # Encoded as they are written; the watcher is registered below with no await
             # in between, so every later change queues behind this snapshot.
+            # The end of the initial events is marked only for a watch that takes bookmarks.
             watcher.initial = self._initial_lines(
-                watcher, items, start_rv if initial_events else None
+                watcher, items, start_rv if initial_events and bookmarks else None
             )
         elif rv_raw in ("", "0"):
             pass
         else:
-            from_rv = self._parse_rv(rv_raw)
-            if from_rv > store.rv:
-                raise status.too_large_rv()
+            from_rv = self._parse_rv(rv_raw, watch=True)
+            # A watch from a version the server has not reached is served, as the watch
+            # cache serves it: only events after that version, whenever they come.
+            watcher.after_rv = from_rv
             if from_rv < store.compacted_rv:
                 err = status.too_old(from_rv, store.compacted_rv)
                 if self.chaos.expired_mode == "http":
                     raise err
-                resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-                resp.enable_chunked_encoding()
-                await resp.prepare(request)
-                await resp.write(encode_event("ERROR", err.status))
-                await resp.write_eof()
-                return resp
-            start_rv = from_rv
+                return await self._error_event(request, err)
             store.replay(watcher, from_rv)
+            # Bookmarks must pass what the watch starts from, replayed events included.
+            start_rv = max(from_rv, watcher.pending[-1][0]) if watcher.pending else from_rv
         store.add_watcher(watcher)
         try:
             return await self._stream(request, watcher, start_rv, bookmarks, timeout)
         finally:
             store.remove_watcher(watcher)
 
-    def _validate_watch_options(
-        self, query: dict[str, str], send_initial: bool, bookmarks: bool
-    ) -> None:
-        def invalid(path: str, why: str) -> ApiStatusError:
-            return status.error(
-                422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {path}: Forbidden: {why}'
-            )
+    @staticmethod
+    async def _error_event(request: web.Request, err: ApiStatusError) -> web.StreamResponse:
+        """A watch that fails once it was accepted: HTTP 200, one ERROR event, the end."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(encode_event("ERROR", err.status))
+        await resp.write_eof()
+        return resp
 
-        if "sendInitialEvents" in query and not self.watch_list and self.reject_watch_list:
-            raise invalid(
-                "sendInitialEvents",
-                "sendInitialEvents is forbidden for watch unless the WatchList feature gate "
-                "is enabled",
-            )
-        if not self.watch_list:
-            return  # an older server: the streaming-list parameters mean nothing to it
+    @staticmethod
+    def _validate_list_options(query: dict[str, str]) -> None:
+        """The API server's ListOptions validation for a LIST, in its order and words."""
+        forbidden = status.forbidden_option
+        errors: builtins.list[tuple[str, str, str]] = []
         match = query.get("resourceVersionMatch", "")
-        if send_initial and match != "NotOlderThan":
-            raise invalid(
-                "resourceVersionMatch",
-                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-            )
-        if match and not send_initial:
-            raise invalid(
-                "resourceVersionMatch",
-                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-            )
-        if send_initial and not bookmarks:
-            raise invalid(
-                "allowWatchBookmarks",
-                "sendInitialEvents requires setting allowWatchBookmarks to true",
-            )
+        rv_raw = query.get("resourceVersion", "")
+        if match:
+            if not rv_raw:
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    )
+                )
+            if query.get("continue"):
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden when continue is provided",
+                    )
+                )
+            if match not in ("Exact", "NotOlderThan"):
+                errors.append(
+                    status.unsupported_option(
+                        "resourceVersionMatch", match, ("Exact", "NotOlderThan", "")
+                    )
+                )
+            if match == "Exact" and rv_raw == "0":
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                    )
+                )
+        if "sendInitialEvents" in query:
+            errors.append(forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list"))
+        if errors:
+            raise status.invalid_options(*errors)
+
+    def _validate_watch_options(self, query: dict[str, str]) -> None:
+        """The API server's ListOptions validation for a WATCH, in its order and words.
+
+        allowWatchBookmarks is not among them: a streaming list without it is served,
+        without the initial-events-end bookmark.
+        """
+        forbidden = status.forbidden_option
+        errors: builtins.list[tuple[str, str, str]] = []
+        has_initial = "sendInitialEvents" in query
+        if not self.watch_list and not self.reject_watch_list:
+            return  # a server that predates streaming lists: the parameters mean nothing
+        match = query.get("resourceVersionMatch", "")
+        if has_initial:
+            if match != "NotOlderThan":
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                    )
+                )
+            if not self.watch_list:
+                errors.append(
+                    forbidden(
+                        "sendInitialEvents",
+                        "sendInitialEvents is forbidden for watch unless the WatchList feature "
+                        "gate is enabled",
+                    )
+                )
+        if match:
+            if not has_initial:
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden for watch unless sendInitialEvents "
+                        "is provided",
+                    )
+                )
+            if match != "NotOlderThan":
+                errors.append(
+                    status.unsupported_option("resourceVersionMatch", match, ("NotOlderThan",))
+                )
+            if query.get("continue"):
+                errors.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden when continue is provided",
+                    )
+                )
+        if errors:
+            raise status.invalid_options(*errors)
 
     @staticmethod
     def _initial_lines(
@@ -749,6 +841,13 @@ class Emulator:
             return watcher.encode("BOOKMARK", {"metadata": obj["metadata"]})
         return encode_event("BOOKMARK", obj)
 
+    def _next_bookmark(self, now: float, deadline: float) -> float | None:
+        """When the next bookmark is due, as the watch cache schedules them: every
+        interval (a minute on the real server) and 2 s before the watch's deadline,
+        the last one; None when that moment has passed (no bookmark at the close)."""
+        due = min(now + self.bookmark_interval, deadline - PRE_TIMEOUT_BOOKMARK)
+        return due if due > now else None
+
     async def _stream(
         self,
         request: web.Request,
@@ -762,7 +861,10 @@ class Emulator:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         deadline = loop.time() + timeout
-        next_bookmark = loop.time() + self.bookmark_interval
+        next_bookmark = self._next_bookmark(loop.time(), deadline)
+        # The watch cache sends no bookmark at or before the version a watch started from:
+        # a watch of a resource that has not changed since gets none.
+        floor = last_rv
         try:
             while True:
                 if watcher.kill == "stop":
@@ -799,17 +901,17 @@ class Emulator:
                         continue
                     now = loop.time()
                     if now >= deadline:
-                        if bookmarks:
-                            # The last word before a timeout close, like the real server.
-                            last_rv = max(last_rv, self.store.rv)
-                            await resp.write(self._bookmark_line(watcher, last_rv))
                         break
-                    if bookmarks and now >= next_bookmark:
+                    if bookmarks and next_bookmark is not None and now >= next_bookmark:
                         last_rv = max(last_rv, self.store.rv)
-                        await resp.write(self._bookmark_line(watcher, last_rv))
-                        next_bookmark = now + self.bookmark_interval
+                        next_bookmark = self._next_bookmark(now, deadline)
+                        if last_rv > floor:
+                            await resp.write(self._bookmark_line(watcher, last_rv))
                         continue
-                    wait = (min(deadline, next_bookmark) if bookmarks else deadline) - now
+                    wake_at = deadline
+                    if bookmarks and next_bookmark is not None:
+                        wake_at = min(deadline, next_bookmark)
+                    wait = wake_at - now
                 watcher.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):

@@ -24,7 +24,7 @@ def status(
         "reason": reason,
         "code": code,
     }
-    if details:
+    if details is not None:
         body["details"] = details
     return body
 
@@ -42,12 +42,17 @@ def _gr(group: str, plural: str) -> str:
     return f"{plural}.{group}" if group else plural
 
 
+def _details(name: str | None, group: str, plural: str) -> dict[str, Any]:
+    # Empty name and group are left out, as Go's omitempty does.
+    return {k: v for k, v in (("name", name), ("group", group), ("kind", plural)) if v}
+
+
 def not_found(group: str, plural: str, name: str) -> ApiStatusError:
     return error(
         404,
         "NotFound",
         f'{_gr(group, plural)} "{name}" not found',
-        {"name": name, "group": group, "kind": plural},
+        _details(name, group, plural),
     )
 
 
@@ -56,7 +61,7 @@ def already_exists(group: str, plural: str, name: str) -> ApiStatusError:
         409,
         "AlreadyExists",
         f'{_gr(group, plural)} "{name}" already exists',
-        {"name": name, "group": group, "kind": plural},
+        _details(name, group, plural),
     )
 
 
@@ -66,7 +71,7 @@ def conflict(group: str, plural: str, name: str) -> ApiStatusError:
         "Conflict",
         f'Operation cannot be fulfilled on {_gr(group, plural)} "{name}": the object has been '
         "modified; please apply your changes to the latest version and try again",
-        {"name": name, "group": group, "kind": plural},
+        _details(name, group, plural),
     )
 
 
@@ -75,11 +80,19 @@ def expired(message: str) -> ApiStatusError:
 
 
 def too_old(requested: int, oldest: int) -> ApiStatusError:
+    """A watch from before the watch cache's window (an ERROR event on the real server)."""
     return expired(f"too old resource version: {requested} ({oldest})")
 
 
-def continue_expired() -> ApiStatusError:
-    return expired(
+def list_too_old() -> ApiStatusError:
+    """An exact-RV LIST that reached etcd after that revision was compacted."""
+    return expired("The resourceVersion for the provided list is too old.")
+
+
+def continue_expired(fresh_token: str) -> ApiStatusError:
+    """A continue token whose snapshot was compacted: 410, and in the Status's list
+    metadata a token that goes on from the same key at the latest state (etcd3 store)."""
+    err = expired(
         "The provided continue parameter is too old to display a consistent list result. "
         "You can start a new list without the continue parameter, or use the continue token "
         "in this response to retrieve the remainder of the results. Continuing with the "
@@ -87,19 +100,49 @@ def continue_expired() -> ApiStatusError:
         "modified, or deleted between the time the first chunk was returned and now may show "
         "up in the list."
     )
+    err.status["metadata"] = {"continue": fresh_token}
+    return err
 
 
-def too_large_rv() -> ApiStatusError:
+def too_large_rv(asked: int, current: int) -> ApiStatusError:
+    # The watch cache's answer after waiting for ``asked`` (storage.NewTooLargeResourceVersionError).
     return error(
         504,
         "Timeout",
-        "Too large resource version",
+        f"Timeout: Too large resource version: {asked}, current: {current}",
         {
             "causes": [
                 {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
             ],
             "retryAfterSeconds": 1,
         },
+    )
+
+
+def invalid_options(*errors: tuple[str, str, str]) -> ApiStatusError:
+    """422 for bad ListOptions, as ``apierrors.NewInvalid`` words it; each error is
+    (field, cause type, message body such as "Forbidden: ...")."""
+    causes = [{"reason": kind, "message": body, "field": path} for path, kind, body in errors]
+    listed = [f"{path}: {body}" for path, _, body in errors]
+    summary = listed[0] if len(listed) == 1 else "[" + ", ".join(listed) + "]"
+    return error(
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {summary}',
+        {"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes},
+    )
+
+
+def forbidden_option(path: str, why: str) -> tuple[str, str, str]:
+    return (path, "FieldValueForbidden", f"Forbidden: {why}")
+
+
+def unsupported_option(path: str, value: str, supported: tuple[str, ...]) -> tuple[str, str, str]:
+    quoted = ", ".join(f'"{v}"' for v in supported)
+    return (
+        path,
+        "FieldValueNotSupported",
+        f'Unsupported value: "{value}": supported values: {quoted}',
     )
 
 
@@ -123,7 +166,7 @@ def forbidden(
         "Forbidden",
         f'{target} is forbidden: User "{user}" cannot {verb} resource "{plural}" '
         f'in API group "{group}" {where}',
-        {"name": name or "", "group": group, "kind": plural},
+        _details(name, group, plural),
     )
 
 

@@ -102,6 +102,8 @@ class Watcher:
         self.pending: deque[tuple[int, bytes]] = deque()
         self.wake = asyncio.Event()
         self.kill: str | None = None  # "drop" | "truncate" | "stop"
+        # Events at or before this version are not for this watch (one from a future RV).
+        self.after_rv = 0
 
     def encode(self, event_type: str, body: Body) -> bytes:
         if self.encoder is not None:
@@ -109,7 +111,7 @@ class Watcher:
         return encode_event(event_type, full_object(self.res, body))
 
     def offer(self, rec: EventRecord) -> None:
-        if self.namespace and rec.namespace != self.namespace:
+        if (self.namespace and rec.namespace != self.namespace) or rec.rv <= self.after_rv:
             return
         if self.matcher is None and self.encoder is None:
             self.pending.append((rec.rv, rec.line))
@@ -204,13 +206,18 @@ class Store:
         list_rv = self.rv
         if continue_token:
             list_rv, start_after = decode_continue(continue_token)
-            if list_rv < self.compacted_rv:
-                raise status.continue_expired()
+            if list_rv == LATEST:
+                # The token an expired continue's 410 hands out: on at the latest state.
+                list_rv = self.rv
+            elif list_rv < self.compacted_rv:
+                raise status.continue_expired(encode_continue(LATEST, start_after))
+            elif list_rv > self.rv:
+                raise status.too_large_rv(list_rv, self.rv)
         elif exact_rv is not None:
             if exact_rv > self.rv:
-                raise status.too_large_rv()
+                raise status.too_large_rv(exact_rv, self.rv)
             if exact_rv < self.compacted_rv:
-                raise status.too_old(exact_rv, self.compacted_rv)
+                raise status.list_too_old()
             list_rv = exact_rv
         if list_rv == self.rv:
             source = self.bucket(res)
@@ -231,21 +238,22 @@ class Store:
         last: Key | None = None
         full = False
         for pos in range(lo, hi):
+            if full:
+                # Like the server, no look-ahead for another match: any key left gives a
+                # continue (with a selector the next page may be empty) and the count.
+                remaining = hi - pos
+                break
             key = keys[pos]
             body = source[key]
             if matcher is not None and not matcher(body):
                 continue
-            if full:
-                # Without a selector the count is exact and free; with one, the server
-                # reports no count, so knowing that one more item matches is enough.
-                remaining = hi - pos if matcher is None else 1
-                break
             items.append(body)
             last = key
             if limit and len(items) >= limit:
                 full = True
         token = encode_continue(list_rv, last) if full and remaining and last else None
-        return items, list_rv, token, (remaining if token else None)
+        # With a selector the server reports no count: it would count unmatched items.
+        return items, list_rv, token, (remaining if token and matcher is None else None)
 
     # -- writing ---------------------------------------------------------------
 
@@ -412,6 +420,10 @@ def _spec_of(body: Body) -> Body:
     return {k: v for k, v in body.items() if k not in ("metadata", "status")}
 
 
+# A continue token's resourceVersion for "the latest state" (the etcd3 store's -1).
+LATEST = -1
+
+
 def encode_continue(rv: int, last: Key) -> str:
     raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": f"{last[0]}/{last[1]}"})
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -424,4 +436,4 @@ def decode_continue(token: str) -> tuple[int, Key]:
         ns, _, name = str(data["start"]).partition("/")
         return int(data["rv"]), (ns, name)
     except (binascii.Error, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
-        raise status.bad_request("continue key is not valid: " + str(exc)) from exc
+        raise status.bad_request(f"invalid continue token: {exc}") from exc

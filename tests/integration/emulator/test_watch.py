@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import orjson
+import pytest
 
 from bridge.emulator import Emulator
 from bridge.kube.objects import INITIAL_EVENTS_END_ANNOTATION
@@ -167,14 +169,15 @@ async def test_resource_version_match_on_plain_watch_is_invalid(emulator: Emulat
 
 
 async def test_checklist_31_periodic_bookmarks_and_one_before_timeout(emulator: Emulator) -> None:
-    """Checklist 31: bookmarks every interval and just before timeoutSeconds; RVs never go back."""
+    """Checklist 31: bookmarks every interval until 2 s before timeoutSeconds (as the
+    watch cache schedules them), none at the close; RVs never go back."""
     emulator.bookmark_interval = 0.3
     start = emulator.resource_version
     params = {
         "watch": "1",
         "resourceVersion": str(start),
         "allowWatchBookmarks": "true",
-        "timeoutSeconds": "1",
+        "timeoutSeconds": "3",
     }
 
     async def churn() -> None:
@@ -182,24 +185,52 @@ async def test_checklist_31_periodic_bookmarks_and_one_before_timeout(emulator: 
             await asyncio.sleep(0.2)
             emulator.create(cm(f"x{i}"))
 
+    loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(emulator.url) as http:
+        began = loop.time()
         async with http.get(CMS, params=params) as r:
             task = asyncio.create_task(churn())
-            events = await events_until_close(r, timeout=5)
+            timed = []
+            async for line in r.content:
+                timed.append((loop.time() - began, orjson.loads(line)))
             await task
         params.pop("allowWatchBookmarks")
+        params["timeoutSeconds"] = "1"
         async with http.get(CMS, params=params) as r:
             no_bookmarks = await events_until_close(r, timeout=5)
-    bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
-    assert len(bookmarks) >= 3  # ~3 periodic + the one before the timeout close
+    events = [e for _, e in timed]
+    bookmarks = [(t, e) for t, e in timed if e["type"] == "BOOKMARK"]
+    assert len(bookmarks) >= 3  # at 0.3, 0.6, 0.9 and the last one at 1.0 (3 s - 2 s)
+    assert all(t < 1.5 for t, _ in bookmarks)
     assert events[-1]["type"] == "BOOKMARK"
     assert events[-1]["object"]["metadata"]["resourceVersion"] == str(emulator.resource_version)
-    assert set(bookmarks[0]["object"]) == {"kind", "apiVersion", "metadata"}
-    assert set(bookmarks[0]["object"]["metadata"]) == {"resourceVersion"}
+    assert set(bookmarks[0][1]["object"]) == {"kind", "apiVersion", "metadata"}
+    assert set(bookmarks[0][1]["object"]["metadata"]) == {"resourceVersion"}
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert rvs == sorted(rvs)
     assert [e["type"] for e in events].count("ADDED") == 3
     assert all(e["type"] != "BOOKMARK" for e in no_bookmarks)
+
+
+async def test_no_bookmark_before_anything_changed_since_the_watch_began(
+    emulator: Emulator,
+) -> None:
+    """The watch cache sends no bookmark at the version a watch started from."""
+    emulator.bookmark_interval = 0.1
+    params = {
+        "watch": "1",
+        "resourceVersion": str(emulator.resource_version),
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "3",
+    }
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.get(CMS, params=params) as r:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.content.readline(), 0.5)
+            emulator.create(cm("elsewhere", namespace="other"))
+            bookmark = await next_event(r)
+    assert bookmark["type"] == "BOOKMARK"
+    assert bookmark["object"]["metadata"]["resourceVersion"] == str(emulator.resource_version)
 
 
 async def test_watch_timeout_closes_stream_cleanly(emulator: Emulator) -> None:
@@ -247,9 +278,33 @@ async def test_label_selector_watch_shows_leaving_as_deleted_and_entering_as_add
     assert modified["type"] == "MODIFIED"
 
 
-async def test_watch_ahead_of_server_is_504(emulator: Emulator) -> None:
-    params = {"watch": "1", "resourceVersion": str(emulator.resource_version + 100)}
+async def test_watch_ahead_of_server_waits_for_that_version(emulator: Emulator) -> None:
+    """Like the watch cache: accepted, and only events after the asked version come."""
+    ahead = emulator.resource_version + 2
+    params = {"watch": "1", "resourceVersion": str(ahead)}
     async with aiohttp.ClientSession(emulator.url) as http:
         async with http.get(CMS, params=params) as r:
-            assert r.status == 504
-            assert (await r.json())["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
+            assert r.status == 200
+            for name in ("a", "b", "c"):
+                emulator.create(cm(name))
+            event = await next_event(r)
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "c")
+
+
+async def test_streaming_list_ahead_of_server_is_an_error_event(emulator: Emulator) -> None:
+    ahead = emulator.resource_version + 100
+    params = {
+        "watch": "1",
+        "sendInitialEvents": "true",
+        "allowWatchBookmarks": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "resourceVersion": str(ahead),
+    }
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.get(CMS, params=params) as r:
+            assert r.status == 200
+            events = await events_until_close(r)
+    assert [e["type"] for e in events] == ["ERROR"]
+    status = events[0]["object"]
+    assert status["code"] == 504
+    assert status["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
