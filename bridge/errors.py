@@ -19,7 +19,7 @@ aiohttp, nats or aiokafka exception.
     │   │   ├── TooManyRequestsError    429 (retry_after)
     │   │   ├── ServerError             5xx
     │   │   └── TooLargeResourceVersionError  504 ResourceVersionTooLarge
-    │   ├── ListRejectedError       a LIST the server rejects as malformed (400): never retried
+    │   ├── ListRejectedError       a LIST the server rejects (400), or forbids before the first sync (403): never retried
     │   └── DiscoveryError          the API does not serve what was asked
     │       └── UnknownKindError    apiVersion+kind not served
     ├── ResourceFailedError         a resource's pipeline stopped for good; names the resource
