@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,37 @@ def helm(kubeconfig: Path, home: Path, *args: str) -> subprocess.CompletedProces
     return subprocess.run(
         [binary("helm"), *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
+
+
+def helm_install(
+    cluster: KubeCluster, ns: str, release: str, values: dict[str, Any], tmp_path: Path
+) -> Callable[[], None]:
+    """``helm install`` as the admin; returns the uninstall (the release's
+    ClusterRoles and ClusterRoleBindings are cluster-wide: leave none behind)."""
+    values_file = tmp_path / "values.json"
+    values_file.write_text(json.dumps(values))
+    admin = cluster.write_kubeconfig(tmp_path / "admin.kubeconfig")
+    home = tmp_path / "helm"
+    installed = helm(admin, home, "install", release, str(CHART), "-n", ns, "-f", str(values_file))
+    assert installed.returncode == 0, installed.stderr
+
+    def uninstall() -> None:
+        helm(admin, home, "uninstall", release, "-n", ns)
+
+    return uninstall
+
+
+def local_config(cluster: KubeCluster, config: dict[str, Any], token: str, tmp_path: Path) -> Path:
+    """The chart's rendered config, with only what binds it to a pod swapped for local
+    values: API server access (a kubeconfig holding ``token``), sink, files, port."""
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "sa.kubeconfig", token=token)
+    config["cluster"]["kubeconfig"] = str(kubeconfig)
+    config["sink"] = {"kind": "stdout"}
+    config["checkpoint"]["path"] = str(tmp_path / "state.db")
+    config["server"].update(host="127.0.0.1", port=free_port())
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def gizmo_crd(group: str) -> dict[str, Any]:
@@ -190,21 +222,13 @@ async def test_the_charts_rbac_is_what_the_bridge_needs_on_a_real_server(
             "sink": {"kind": "nats", "nats": {"servers": ["nats://nats:4222"]}},
         },
     }
-    values_file = tmp_path / "values.json"
-    values_file.write_text(json.dumps(values))
-    admin = kube_cluster.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    helm_home = tmp_path / "helm"
     # helm install took 0.5-1.2 s here (2 shared cores under other tests' load): the
     # release's 13 objects, no --wait (nothing would ever become ready).
-    installed = helm(
-        admin, helm_home, "install", release, str(CHART), "-n", ns, "-f", str(values_file)
-    )
-    assert installed.returncode == 0, installed.stderr
+    uninstall = helm_install(kube_cluster, ns, release, values, tmp_path)
     try:
         await _exercise_release(kube_cluster, ns, fullname, group, tmp_path)
     finally:
-        # The release's ClusterRole/Binding are cluster-wide: leave none behind.
-        helm(admin, helm_home, "uninstall", release, "-n", ns)
+        uninstall()
         kube_cluster.raw(
             "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}"
         )
@@ -220,14 +244,7 @@ async def _exercise_release(
     assert config["leaderElection"] == {"enabled": True, "namespace": ns, "leaseName": fullname}
 
     token = cluster.service_account_token(ns, fullname, create=False)
-    kubeconfig = cluster.write_kubeconfig(tmp_path / "sa.kubeconfig", token=token)
-    # Only what binds the config to a pod changes: API server access, sink, files, port.
-    config["cluster"]["kubeconfig"] = str(kubeconfig)
-    config["sink"] = {"kind": "stdout"}
-    config["checkpoint"]["path"] = str(tmp_path / "state.db")
-    config["server"].update(host="127.0.0.1", port=free_port())
-    config_file = tmp_path / "bridge.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+    config_file = local_config(cluster, config, token, tmp_path)
 
     # RBAC reaches the authorizer through its informers: the new Role may lag a moment.
     await until(lambda: can_i(cluster, token, "list", "pods", "-n", ns), 20)
@@ -335,3 +352,53 @@ async def _exercise_release(
         f'cannot (list|watch) resource "configmaps" in API group "" in the namespace "{ns}"', last
     ), last
     assert last.endswith("(the RBAC rules must allow list and watch)"), last
+
+
+async def test_a_resource_limited_to_namespaces_gets_no_cluster_wide_grant(
+    kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path
+) -> None:
+    """Pods in all namespaces need a ClusterRole; Secrets and ConfigMaps configured in one
+    namespace must stay readable there only, not everywhere with the Pods. (The chart
+    used to put every resource into the ClusterRole as soon as one spanned all
+    namespaces: this Secret entry let the bridge list every Secret of the cluster.)"""
+    ns = kube_namespace
+    fullname = f"{ns}-k8s-bridge"
+    values = {
+        "config": {
+            "cluster": {"name": "real"},
+            "resources": [
+                {"apiVersion": "v1", "kind": "Pod"},
+                {"apiVersion": "v1", "kind": "Secret", "namespaces": [ns]},
+                {"apiVersion": "v1", "kind": "ConfigMap", "namespaces": [ns]},
+            ],
+            "sink": {"kind": "stdout"},
+        },
+    }
+    uninstall = helm_install(kube_cluster, ns, ns, values, tmp_path)
+    try:
+        rendered = kube_cluster.get("v1", "ConfigMap", fullname, ns)["data"]["bridge.yaml"]
+        token = kube_cluster.service_account_token(ns, fullname, create=False)
+        config_file = local_config(kube_cluster, yaml.safe_load(rendered), token, tmp_path)
+        await until(lambda: can_i(kube_cluster, token, "list", "secrets", "-n", ns), 20)
+        for verb in ("list", "watch"):
+            assert can_i(kube_cluster, token, verb, "pods", "--all-namespaces")
+            for resource in ("secrets", "configmaps"):
+                assert can_i(kube_cluster, token, verb, resource, "-n", ns), (verb, resource)
+                for elsewhere in (["-n", "default"], ["--all-namespaces"]):
+                    assert not can_i(kube_cluster, token, verb, resource, *elsewhere), (
+                        verb,
+                        resource,
+                        elsewhere,
+                    )
+        assert not can_i(kube_cluster, token, "get", "secrets", "-n", ns)
+        assert not can_i(kube_cluster, token, "create", "pods", "-n", ns)
+
+        # check on the same account: Pods in all namespaces (an access review and a
+        # LIST of one object), Secrets and ConfigMaps in the namespace.
+        code, out, err = await cli("check", "--config", str(config_file), timeout=60)
+        lines = out.splitlines()
+        assert code == 0, (lines, err)
+        assert "ok    resource v1/Pod list: allowed in all namespaces" in lines, lines
+        assert f"ok    resource v1/Secret watch: allowed in namespace {ns}" in lines, lines
+    finally:
+        uninstall()

@@ -121,20 +121,6 @@ guesses the way English and Kubernetes kinds mostly go: lowercase, then
 {{- end -}}
 
 {{/*
-"true" when every resource entry names its namespaces: then Roles in those
-namespaces are enough and no ClusterRole is granted for the watched resources.
-*/}}
-{{- define "k8s-bridge.namespacedOnly" -}}
-{{- $all := true -}}
-{{- range .Values.config.resources -}}
-{{- if not .namespaces -}}
-{{- $all = false -}}
-{{- end -}}
-{{- end -}}
-{{- if $all -}}true{{- end -}}
-{{- end -}}
-
-{{/*
 Rules for a set of resource entries, one per (group, resource), sorted: verbs
 list and watch, nothing else.
 */}}

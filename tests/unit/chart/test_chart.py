@@ -353,20 +353,26 @@ def test_rbac_leader_election_lease_access(helm_results: dict[str, Any]) -> None
     assert not find(docs(helm_results["default"]), "Role", "-leader-election")
 
 
-def test_rbac_cluster_wide_when_any_resource_spans_all_namespaces(
+def test_rbac_cluster_wide_only_for_resources_that_span_all_namespaces(
     helm_results: dict[str, Any],
 ) -> None:
     objs = docs(helm_results["cluster-wide"])
     (role,) = find(objs, "ClusterRole", "-watch")
     assert rule_set(role["rules"]) == {
         ("", "nodes", WATCH, ()),
-        ("", "secrets", WATCH, ()),
         ("", "pods", WATCH, ()),
         ("storage.k8s.io", "storageclasses", WATCH, ()),
         ("policy", "poddisruptionbudgets", WATCH, ()),
     }
-    assert len(role["rules"]) == 5, "duplicate resource entries give one rule"
-    assert not find(objs, "Role")
+    assert len(role["rules"]) == 4, "duplicate resource entries give one rule"
+    # Secrets are configured in "ops" only: a Role there, never Secrets cluster-wide.
+    # The Pod entry limited to "x" adds no Role: the ClusterRole grants pods anyway.
+    (secrets,) = find(objs, "Role", "-watch")
+    assert secrets["metadata"]["namespace"] == "ops"
+    assert rule_set(secrets["rules"]) == {("", "secrets", WATCH, ())}
+    (binding,) = find(objs, "RoleBinding", "-watch")
+    assert binding["metadata"]["namespace"] == "ops"
+    assert binding["roleRef"]["name"] == secrets["metadata"]["name"]
     assert not find(objs, "ClusterRole", "-check"), "selfSubjectAccessReview: false"
 
 
