@@ -2,8 +2,9 @@
 
 While the API server still keeps history from that version, a watch from it
 yields exactly those changes and they are published again with the ids they
-had the first time (consumers recognise them). When the version is compacted
-(410), the only truth left is the current state: it is listed and diffed
+had the first time (consumers recognise them). When the version is gone (410:
+compacted, or, on kube-apiserver, older than the watch cache that serves
+watches, which a restart empties), the only truth left is the current state: it is listed and diffed
 against the digests in the checkpoint, and that difference is published.
 Replay never writes the checkpoint: the running bridge owns it.
 
@@ -175,7 +176,7 @@ async def replay(
             rid = resource_id(info, namespace if res.namespaces else None, res)
             err.write(
                 f"resourceVersion {from_rv} of {info.plural} is no longer available on the "
-                f"API server (compacted); publishing the difference between the current state "
+                f"API server (compacted, or older than its watch cache); publishing the difference between the current state "
                 f"and the checkpoint of {rid} instead\n"
             )
             # One namespace of an all-namespaces checkpoint: only its digests take part.

@@ -1,21 +1,24 @@
 """``k8s-bridge replay`` against kube-apiserver: a LIST at an exact older resourceVersion
-and a watch from it, which the real server answers until the history is compacted.
+and a watch from it, which the real server answers while it still holds that history.
 
 A running bridge publishes a history of ConfigMap changes in two namespaces of the
 test's own; replay of one namespace after an RV republishes exactly that namespace's
-original events with their ids, and never writes the checkpoint. After an etcd
-compaction (and a new watch cache, so nothing older is served from memory) the
-fallback diffs the current state against the checkpoint of the bridge that is still
-running beside it. An RV the server has not reached gives one line naming it.
+original events with their ids, and never writes the checkpoint. Once the history is
+lost (an API server restart empties the watch cache that serves watches; an etcd
+compaction), the fallback diffs the current state against the checkpoint of the
+bridge that is still running beside it. An RV the server has not reached gives one
+line naming it.
 
 What the real server answers (asserted below, so a change of it shows here first):
-right after an etcd compaction an exact LIST at an older RV, and a watch from it,
-are still served from the watch cache (its snapshots and event window); once the
-cache no longer holds that RV (here: a restarted API server), the exact LIST is
-``410 Expired``, "The resourceVersion for the provided list is too old." (a watch:
-an ERROR event, 410 Expired "too old resource version: RV (oldest)"); at a future RV, after waiting up to 3 s for it, ``504
-Timeout`` "Timeout: Too large resource version: <RV>, current: <current>" with the cause
-``ResourceVersionTooLarge``.
+a watch is served from the watch cache alone: from an RV older than the cache holds
+(after a restart, though etcd still has it) it is an ERROR event, 410 Expired "too
+old resource version: RV (oldest)", while the exact LIST at that RV is still served
+(from etcd). At an RV neither holds (compacted in etcd) the exact LIST is
+``410 Expired``, "The resourceVersion for the provided list is too old.". At a
+future RV, after waiting up to 3 s for it: ``504 Timeout`` "Timeout: Too large
+resource version: <RV>, current: <current>" with the cause
+``ResourceVersionTooLarge``. (Seen, not asserted: right after an etcd compaction an
+exact LIST and a watch at an older RV the watch cache still holds are served from it.)
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ async def test_replay_within_history_republishes_the_namespace_s_originals_with_
         kube_cluster.raw("DELETE", f"/api/v1/namespaces/{b}")
 
 
-async def test_replay_after_compaction_diffs_against_the_running_bridge_s_checkpoint(
+async def test_replay_of_a_lost_history_diffs_against_the_running_bridge_s_checkpoint(
     kube_cluster: KubeCluster,
     kube_namespace: str,
     real_kubeconfig: Path,
@@ -184,31 +187,43 @@ async def test_replay_after_compaction_diffs_against_the_running_bridge_s_checkp
         await until(lambda: watermark(db, ns) >= last, 30, bridge.tail_log)
         published = len(await jetstream_events(nats_control.url))
         assert published == 6
-        kube_cluster.compact()
-        # A fresh watch cache: the history before the compaction is then in etcd alone.
-        kube_cluster.restart_apiserver()
         path = kube_cluster.path(*CM, ns)
-        params = {"resourceVersion": str(mid), "resourceVersionMatch": "Exact"}
-        status, body = kube_cluster.raw("GET", path, params=params)
-        assert (status, body["reason"]) == (410, "Expired"), body
-        assert body["message"] == "The resourceVersion for the provided list is too old."
-        await bridge.wait_ready(60)
+        exact = {"resourceVersion": str(mid), "resourceVersionMatch": "Exact"}
         _, digests = checkpoint_rows(db)
 
-        rc, _, err = await cli(
-            "replay", "--config", str(config), "--resource", "ConfigMap",
-            "--from-resource-version", str(mid),
-        )  # fmt: skip
-        assert rc == 0, err
-        gone = [line for line in err.splitlines() if "no longer available" in line]
-        assert len(gone) == 1, err
-        assert f"resourceVersion {mid} of configmaps" in gone[0]
-        assert f"checkpoint of core/v1/configmaps@{ns} instead" in gone[0]
-        # Every object matched the running bridge's digests: the checkpoint was read.
-        assert "published 0 change(s) of configmaps from a relist diff" in err, err
-        assert "in use" not in err
-        assert len(await jetstream_events(nats_control.url)) == published
-        assert checkpoint_rows(db)[1] == digests
+        async def falls_back() -> None:
+            rc, _, err = await cli(
+                "replay", "--config", str(config), "--resource", "ConfigMap",
+                "--from-resource-version", str(mid),
+            )  # fmt: skip
+            assert rc == 0, err
+            gone = [line for line in err.splitlines() if "no longer available" in line]
+            assert len(gone) == 1, err
+            assert f"resourceVersion {mid} of configmaps" in gone[0]
+            assert f"checkpoint of core/v1/configmaps@{ns} instead" in gone[0]
+            # Every object matched the running bridge's digests: the checkpoint was read.
+            assert "published 0 change(s) of configmaps from a relist diff" in err, err
+            assert "in use" not in err
+            assert len(await jetstream_events(nats_control.url)) == published
+            assert checkpoint_rows(db)[1] == digests
+
+        # A restarted API server: etcd still has mid, but watches are served from the
+        # watch cache, which starts afresh, so the history from mid cannot be watched.
+        kube_cluster.restart_apiserver()
+        status, body = kube_cluster.raw("GET", path, params=exact)
+        assert status == 200, body
+        watch = {"watch": "1", "resourceVersion": str(mid), "timeoutSeconds": "1"}
+        status, body = kube_cluster.raw("GET", path, params=watch)
+        assert (status, body["type"], body["object"]["reason"]) == (200, "ERROR", "Expired")
+        assert body["object"]["message"].startswith(f"too old resource version: {mid} (")
+        await bridge.wait_ready(60)
+        await falls_back()
+        # Compacted: the exact LIST (no longer in the watch cache either) is 410 too.
+        kube_cluster.compact()
+        status, body = kube_cluster.raw("GET", path, params=exact)
+        assert (status, body["reason"]) == (410, "Expired"), body
+        assert body["message"] == "The resourceVersion for the provided list is too old."
+        await falls_back()
         # The running bridge goes on: it publishes and checkpoints the next change.
         after = rv_of(kube_cluster.create(configmap("after", ns, v="1")))
         await until(lambda: watermark(db, ns) >= after, 30, bridge.tail_log)
