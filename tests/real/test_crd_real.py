@@ -152,7 +152,7 @@ async def test_a_crd_applied_with_kubectl_is_watched_through_real_discovery_and_
 
         # The CRD goes while the bridge runs: its objects go first, each a delete.
         kube_cluster.kubectl("delete", "crd", crd.name, "--wait=true", "--timeout=60s")
-        assert not crd.served(kube_cluster)
+        await until(lambda: not crd.served(kube_cluster), 30)
         deleted = [*published, ("deleted", f"{ns}/g1"), ("deleted", f"{ns}/g2")]
         await until(
             lambda: gizmos_are(deleted) or gizmos_are([*published, *reversed(deleted[3:])]),
