@@ -53,27 +53,29 @@ class PodBridge:
         )
 
     def watermark(self, *, settled: bool = True) -> int:
-        """The committed watermark (0 before the first commit); with ``settled``, 0
-        also while a digest written ahead is not yet acknowledged."""
-        if not self.db.exists():
-            return 0
-        con = sqlite3.connect(self.db)
-        try:
-            row = con.execute(
-                "select resource_version from watermarks where resource_id = ?",
-                (self.resource_id,),
-            ).fetchone()
-            pending = con.execute(
-                "select count(*) from digests where resource_id = ? and state != ''",
-                (self.resource_id,),
-            ).fetchone()[0]
-        except sqlite3.OperationalError:  # the tables are not there yet
-            return 0
-        finally:
-            con.close()
-        if settled and pending:
-            return 0
-        return int(row[0]) if row and row[0] else 0
+        return watermark(self.db, self.resource_id, settled=settled)
+
+
+def watermark(db: Path, resource_id: str, *, settled: bool = True) -> int:
+    """The committed watermark of ``resource_id`` (0 before the first commit); with
+    ``settled``, 0 also while a digest written ahead is not yet acknowledged."""
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(db)
+    try:
+        row = con.execute(
+            "select resource_version from watermarks where resource_id = ?", (resource_id,)
+        ).fetchone()
+        pending = con.execute(
+            "select count(*) from digests where resource_id = ? and state != ''", (resource_id,)
+        ).fetchone()[0]
+    except sqlite3.OperationalError:  # the tables are not there yet
+        return 0
+    finally:
+        con.close()
+    if settled and pending:
+        return 0
+    return int(row[0]) if row and row[0] else 0
 
 
 async def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
