@@ -197,6 +197,7 @@ class KafkaSink:
             self._options["ssl_context"] = ctx
         self._producer: AIOKafkaProducer | None = None
         self._renewing = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
         # How long a topic not in the metadata may take to appear (auto-created).
         self.metadata_timeout = metadata_timeout
         # The producer's default partitioner (murmur2 of the key), which ``send`` would use.
@@ -284,19 +285,23 @@ class KafkaSink:
 
     async def _renew(self, used: AIOKafkaProducer) -> AIOKafkaProducer:
         """A fresh producer in place of ``used`` (once, however many publishes ask)."""
-        stale = used
         async with self._renewing:
             current = self._producer
             if current is used:
                 current = self._producer = await self._new_producer()
-                # Its batches still in flight are delivered or fail; a bus that does
-                # not answer must not hold this publish for long.
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(10):
-                        await stale.stop()
+                # The old one delivers (or fails) the batches other publishes still
+                # have with it, then closes; ``close`` waits for that.
+                retiring = asyncio.create_task(self._retire(used), name="kafka-retire")
+                self._retiring.add(retiring)
+                retiring.add_done_callback(self._retiring.discard)
         if current is None:
             raise SinkError("Kafka sink is closed")
         return current
+
+    async def _retire(self, producer: AIOKafkaProducer) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(30):  # a broker that does not answer
+                await producer.stop()
 
     async def _partitions(self, producer: AIOKafkaProducer, topic: str) -> set[int]:
         """The topic's partitions, waiting a while for a topic the broker is creating."""
@@ -527,6 +532,8 @@ class KafkaSink:
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
         if producer is not None:
             try:
                 await producer.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from typing import Any
@@ -293,3 +294,63 @@ async def test_a_wrong_sasl_password_is_refused_in_one_line_not_retried(
     finally:
         await right.close()
     assert len(await consume(real_kafka.bootstrap, topic, 2)) == 2
+
+
+@pytest.mark.kafka_settings(message_max_bytes=20_000)
+async def test_publishes_beside_a_refused_record_all_land_once_the_producer_is_renewed(
+    real_kafka_private: KafkaBroker,
+) -> None:
+    """Resources publish through one producer at once (each its own objects): a
+    publish still using the producer that another's refusal renewed sees its
+    batches refused as out of order, or the producer closed under it; it sends
+    them again (or the pipeline's retry does, for "unavailable"), in order per
+    object, and none is taken for a poison event."""
+    bootstrap = real_kafka_private.bootstrap
+    topic = "beside-" + uuid.uuid4().hex[:8]
+    b = EventBuilder(
+        cluster="kc", group="apps", version="v1", kind="Deployment", plural="deployments"
+    )
+
+    def resource(prefix: str, n: int) -> list[Event]:
+        return [
+            b.build(c)
+            for i in range(n)
+            for c in detector.on_update(None, deployment(i, f"{prefix}{i % 4}", i + 1))
+        ]
+
+    first_resource, second, third = resource("a", 40), resource("b", 40), resource("c", 40)
+    big = {**first_resource[0].data["object"], "spec": {"blob": "x" * 50_000}}
+    huge = dataclasses.replace(first_resource[0], data={**first_resource[0].data, "object": big})
+    sink = KafkaSink([bootstrap], topic=topic, max_batch_size=2_000)
+    await sink.start()
+
+    async def publish(batch: list[Event]) -> dict[int, str]:
+        while True:  # as the pipeline does: "unavailable" is published again
+            try:
+                return dict(await sink.publish(batch))
+            except SinkUnavailableError:
+                await asyncio.sleep(0.1)
+
+    try:
+        async with asyncio.TaskGroup() as group:  # a failure cancels the others
+            tasks = [
+                group.create_task(publish(batch))
+                for batch in ([*first_resource[:20], huge, *first_resource[20:]], second, third)
+            ]
+    finally:
+        await sink.close()
+    results = [t.result() for t in tasks]
+    assert list(results[0]) == [20] and "too large" in results[0][20]
+    assert results[1:] == [{}, {}]
+    events = [*first_resource, *second, *third]
+    records = await consume(bootstrap, topic, len(events))
+    first: dict[str, int] = {}
+    for r in records:
+        first.setdefault(dict(r.headers)["ce_id"].decode(), r.offset)
+    assert sorted(first) == sorted(e.id for e in events)
+    per_key: dict[str, list[int]] = {}
+    for e in sorted(events, key=lambda e: first[e.id]):
+        per_key.setdefault(e.key.decode(), []).append(int(e.resource_version))
+    assert len(per_key) == 12
+    for rvs in per_key.values():
+        assert rvs == sorted(rvs)
