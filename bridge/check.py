@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from typing import TextIO
 
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ForbiddenError, NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
@@ -17,9 +19,23 @@ SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 async def can_i(client: KubeClient, verb: str, info: ResourceInfo, namespace: str | None) -> bool:
     """Ask the API server (SelfSubjectAccessReview) whether we may ``verb`` the resource."""
-    attributes: dict[str, str] = {"verb": verb, "group": info.group, "resource": info.plural}
+    return await may(client, verb, info.group, info.plural, namespace)
+
+
+async def may(
+    client: KubeClient,
+    verb: str,
+    group: str,
+    resource: str,
+    namespace: str | None = None,
+    name: str | None = None,
+) -> bool:
+    """SelfSubjectAccessReview of ``verb`` on ``resource.group`` (in ``namespace``, on ``name``)."""
+    attributes: dict[str, str] = {"verb": verb, "group": group, "resource": resource}
     if namespace:
         attributes["namespace"] = namespace
+    if name:
+        attributes["name"] = name
     review = await client.request_json(
         "POST",
         SSAR_PATH,
@@ -129,11 +145,100 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
                             f"forbidden {scope}: grant {verb} on {info.plural}"
                             f"{'.' + info.group if info.group else ''}",
                         )
+        if settings.leader_election.enabled:
+            await _check_lease(settings, client, report)
+        if settings.server.control_mode == "kubernetes":
+            await _check_control_reviews(client, report)
     finally:
         await client.close()
     await _check_sink(settings, report, timeout)
     await _check_checkpoints(settings, report)
     return 1 if report.failed else 0
+
+
+# What bridge/kube/lease.py does to its Lease: GET it, POST it when it is missing,
+# PUT it to take, renew and release it. A role may limit get and update to the
+# Lease's name (the chart does); create cannot be limited by name, so it is asked
+# without one.
+_LEASE_VERBS = (("get", True), ("create", False), ("update", True))
+
+
+async def _check_lease(settings: Settings, client: KubeClient, report: _Report) -> None:
+    """The rights leader election needs, and its namespace: without them ``run``
+    stays a standby for ever, saying so only in one warning."""
+    le = settings.leader_election
+    ns_what = f"leader election namespace {le.namespace}"
+    try:
+        await client.request_json("GET", f"/api/v1/namespaces/{le.namespace}")
+        report.ok(ns_what, "exists")
+    except NotFoundError:
+        report.fail(
+            ns_what,
+            "does not exist, so the Lease cannot be created: create the namespace or set "
+            "leaderElection.namespace",
+        )
+    except ForbiddenError:
+        # run never reads namespaces: their absence of rights is no failure.
+        report.ok(ns_what, "not verified (get on namespaces is not granted; run needs none)")
+    except BridgeError as e:
+        report.fail(ns_what, f"cannot read it: {e}")
+    what = f"leader election lease {le.namespace}/{le.lease_name}"
+    group, plural = "coordination.k8s.io", "leases"
+    denied: list[str] = []
+    for verb, named in _LEASE_VERBS:
+        try:
+            allowed = await may(
+                client, verb, group, plural, le.namespace, le.lease_name if named else None
+            )
+        except BridgeError as e:
+            report.fail(what, f"access review failed: {e}")
+            return
+        if not allowed:
+            denied.append(verb)
+    verbs = ", ".join(v for v, _ in _LEASE_VERBS)
+    if denied:
+        report.fail(
+            what,
+            f"forbidden to {', '.join(denied)} leases.{group} in namespace {le.namespace}: "
+            f"grant {verbs} there (a Role bound to the bridge's account), or run stays a "
+            "standby and never publishes",
+        )
+    else:
+        report.ok(what, f"{verbs} allowed on leases.{group} in namespace {le.namespace}")
+
+
+# server.controlAuth kubernetes: each POST /snapshot is a TokenReview and a
+# SubjectAccessReview created with the bridge's own credentials (bridge/kube/review.py).
+_REVIEWS = (
+    ("authentication.k8s.io", "tokenreviews"),
+    ("authorization.k8s.io", "subjectaccessreviews"),
+)
+
+
+async def _check_control_reviews(client: KubeClient, report: _Report) -> None:
+    what = "control endpoint reviews"
+    denied: list[str] = []
+    for group, plural in _REVIEWS:
+        try:
+            allowed = await may(client, "create", group, plural)
+        except BridgeError as e:
+            report.fail(what, f"access review failed: {e}")
+            return
+        if not allowed:
+            denied.append(f"{plural}.{group}")
+    if denied:
+        report.fail(
+            what,
+            f"server.controlAuth is kubernetes but create on {' and '.join(denied)} is "
+            "forbidden, so every POST /snapshot would get 503: bind the bridge's account to "
+            "the ClusterRole system:auth-delegator, or set server.controlAuth token or none",
+        )
+    else:
+        report.ok(
+            what,
+            "create allowed on tokenreviews and subjectaccessreviews "
+            "(server.controlAuth kubernetes)",
+        )
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -206,11 +311,44 @@ async def _check_sink(settings: Settings, report: _Report, timeout: float) -> No
         report.fail(what, "not reachable")
 
 
+def sqlite_holder(path: str) -> str | None:
+    """The pid of the live process holding the SQLite checkpoint's lock, else None.
+
+    The same ``flock`` the store takes (bridge/checkpoints/sqlite.py), asked
+    shared and without waiting; the lock file is never created here.
+    """
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 async def _check_checkpoints(settings: Settings, report: _Report) -> None:
     from bridge.app import build_checkpoints
+    from bridge.checkpoints.base import CheckpointStore
 
-    store = build_checkpoints(settings)
     what = f"checkpoint {settings.checkpoint.kind}"
+    holder = None
+    path = settings.checkpoint.path
+    if settings.checkpoint.kind == "sqlite" and path != ":memory:":
+        holder = await asyncio.to_thread(sqlite_holder, path)
+    store: CheckpointStore
+    if holder is not None:
+        from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+        # Beside the running bridge: read it as replay does, never take its lock.
+        store = SqliteCheckpointStore(path, read_only=True)
+    else:
+        store = build_checkpoints(settings)
     try:
         await store.open()
     except BridgeError as e:
@@ -224,4 +362,7 @@ async def _check_checkpoints(settings: Settings, report: _Report) -> None:
             await store.close()
         except BridgeError:
             pass
-    report.ok(what, "opens")
+    if holder is not None:
+        report.ok(what, f"opens read-only: a running k8s-bridge (pid {holder}) holds {path}")
+    else:
+        report.ok(what, "opens")

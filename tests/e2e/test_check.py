@@ -7,6 +7,7 @@ verb and resource, the sink, the config key).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.emulator import Emulator
 from tests.e2e.bridge_process import cli, free_port, write_config
 from tests.fixtures.nats import NatsServer
@@ -49,8 +51,9 @@ async def test_all_ok_exits_0_with_one_line_per_check(
     assert failures(lines) == []
     assert all(line.startswith("ok ") for line in lines), lines
     # config, api, then per resource (Pod, Secret, Widget): served + list + watch,
-    # then the sink and the checkpoint store.
-    assert len(lines) == 2 + 3 * 3 + 2, lines
+    # the control endpoint's reviews (controlAuth kubernetes by default), then the
+    # sink and the checkpoint store.
+    assert len(lines) == 2 + 3 * 3 + 1 + 2, lines
     assert lines[0].startswith("ok    config:")
     assert lines[1].startswith("ok    api:") and emulator.url.split("//")[1] in lines[1]
     for what in ("v1/Pod", "v1/Secret", "example.com/v1/Widget"):
@@ -58,7 +61,8 @@ async def test_all_ok_exits_0_with_one_line_per_check(
         assert len(mine) == 3, (what, lines)
         assert any(f"resource {what} watch: allowed" in line for line in mine)
     assert any(line.startswith("ok    sink nats: reachable") for line in lines)
-    assert any(line.startswith("ok    checkpoint sqlite") for line in lines)
+    assert any(line.startswith("ok    checkpoint sqlite: opens") for line in lines)
+    assert any(line.startswith("ok    control endpoint reviews: create allowed") for line in lines)
 
 
 async def test_unknown_kind_fails_naming_the_kind(
@@ -128,3 +132,92 @@ async def test_bad_config_key_exits_2_with_one_line_naming_the_key(
     assert len(err_lines) == 1, err
     assert "checkpoint.flushIntervall" in err_lines[0]
     assert "flushInterval" in err_lines[0].replace("checkpoint.flushIntervall", "")
+
+
+LEADER = {"enabled": True, "leaseName": "bridge-lock", "namespace": "default"}
+
+
+async def test_leader_election_checks_the_lease_rights_run_uses(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = nats_config(tmp_path, kubeconfig, nats_control.url, leaderElection=LEADER)
+    code, lines, err = await check(config)
+    assert code == 0, (lines, err)
+    assert "ok    leader election namespace default: exists" in lines
+    assert (
+        "ok    leader election lease default/bridge-lock: get, create, update allowed on "
+        "leases.coordination.k8s.io in namespace default"
+    ) in lines
+    # run reads its Lease before anything else: without get it stays a standby.
+    emulator.forbid(verb="get", resource="leases", group="coordination.k8s.io")
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    assert code == 1, lines
+    (failed,) = failures(lines)
+    assert failed.startswith("FAIL  leader election lease default/bridge-lock: forbidden to get")
+    assert "grant get, create, update" in failed
+    # A Lease in another namespace is not the bridge's: the rule there changes nothing.
+    emulator.forbid_rules.clear()
+    emulator.forbid(verb="update", resource="leases", namespace="kube-system")
+    code, lines, err = await check(config)
+    assert code == 0, lines
+
+
+async def test_leader_election_in_a_missing_namespace_fails_naming_it(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = nats_config(
+        tmp_path, kubeconfig, nats_control.url, leaderElection=LEADER | {"namespace": "nowhere"}
+    )
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    assert code == 1, lines
+    (failed,) = failures(lines)
+    assert failed.startswith("FAIL  leader election namespace nowhere: does not exist")
+    assert "leaderElection.namespace" in failed
+
+
+async def test_control_reviews_forbidden_fail_naming_auth_delegator(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    emulator.forbid(verb="create", resource="subjectaccessreviews")
+    code, lines, err = await check(nats_config(tmp_path, kubeconfig, nats_control.url))
+    assert "Traceback" not in err, err
+    assert code == 1, lines
+    (failed,) = failures(lines)
+    assert failed.startswith("FAIL  control endpoint reviews:")
+    assert "subjectaccessreviews.authorization.k8s.io" in failed and "tokenreviews" not in failed
+    assert "system:auth-delegator" in failed and "server.controlAuth token or none" in failed
+    # With a static control token the bridge reviews nothing: no line, exit 0.
+    config = nats_config(
+        tmp_path, kubeconfig, nats_control.url, server={"host": "127.0.0.1", "port": 0}
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["BRIDGE_SERVER__CONTROLTOKEN"] = "s3cret"
+    code, out, err = await cli("check", "--config", str(config), env=env)
+    assert code == 0, (out, err)
+    assert "control endpoint" not in out
+
+
+async def test_a_checkpoint_held_by_a_live_process_is_read_not_failed(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = nats_config(tmp_path, kubeconfig, nats_control.url)
+    path = tmp_path / "state.db"
+    held = SqliteCheckpointStore(path)  # takes the same lock a running bridge holds
+    await held.open()
+    try:
+        code, lines, err = await check(config)
+        assert "Traceback" not in err, err
+        assert code == 0, lines
+        assert (
+            f"ok    checkpoint sqlite: opens read-only: a running k8s-bridge (pid {os.getpid()})"
+            f" holds {path}"
+        ) in lines
+        await held.commit("r", "42", [], [])
+    finally:
+        await held.close()
+    # Released: check opens it for writing again, as run would.
+    code, lines, err = await check(config)
+    assert code == 0, lines
+    assert "ok    checkpoint sqlite: opens" in lines
