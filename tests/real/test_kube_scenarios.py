@@ -693,7 +693,10 @@ def watch_status(cluster: KubeCluster, ns: str, rv: int) -> str:
     )
     assert status == 200, body
     text = body if isinstance(body, str) else json.dumps(body)
-    first = json.loads(text.splitlines()[0])
+    lines = text.splitlines()
+    if not lines:
+        return "served"  # nothing happened since: an empty stream
+    first = json.loads(lines[0])
     if first["type"] == "ERROR":
         return f"{first['object']['code']} {first['object']['reason']}"
     return "served"
