@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.e2e.bridge_process import BridgeProcess, run_until_exit, until
+from tests.e2e.bridge_process import BridgeProcess, cli, run_until_exit, until
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import SASL_PASSWORD, SASL_USER, KafkaBroker
 from tests.real.kafkabus import PodBridge, decoded, pod, read_topic, running
@@ -53,6 +53,11 @@ async def test_a_wrong_sasl_password_stops_run_in_one_line_and_the_right_one_pub
     assert "retrying" not in log  # refused, not waited for
     assert wrong_password not in log
     assert wrong.watermark() == 0
+    # `check` says the same on the sink's line.
+    code, out, err = await cli("check", "--config", str(wrong.config), timeout=60)
+    failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert code == 1 and len(failed) == 1 and "sink kafka" in failed[0], (out, err)
+    assert f"authentication failed for user '{SASL_USER}'" in failed[0], failed
 
     right = PodBridge(
         tmp_path, kube_cluster, ns, sasl(real_kafka, topic, SASL_PASSWORD), name="right.yaml"
