@@ -294,21 +294,21 @@ async def test_first_sync_cut_by_kill9_is_redone_by_a_paginated_consistent_list(
         kube_namespace,
         nats_control,
         informer={"watchList": "off", "pageSize": 25},
-        max_batch=5,  # a first sync of many small batches: a kill lands inside it
+        max_batch=1,  # a first sync of 300 publishes: the kill lands inside it
     )
     bridge = setup.bridge()
     await bridge.start()
-
-    async def mid_sync() -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    # Rows written ahead, no watermark yet (it comes once all 300 are acknowledged).
+    while not setup.written_ahead()[0]:
         assert bridge.proc is not None and bridge.proc.returncode is None, bridge.tail_log()
-        rows, mark = setup.written_ahead()
-        assert not mark, "the first sync ended before the kill"
-        return rows > 0
-
-    await until(mid_sync, 60, bridge.tail_log)
+        assert loop.time() < deadline, bridge.tail_log()
+        await asyncio.sleep(0.005)
     kill9(bridge)
     assert bridge.proc is not None
     await bridge.proc.wait()
+    assert not setup.written_ahead()[1], "the first sync ended before the kill"
     since = bridge.log.stat().st_size
     lists = {"verb": "LIST", "resource": "pods", "scope": "namespace"}
     before = apiserver_count(kube_cluster, "apiserver_request_total", **lists)
