@@ -7,6 +7,7 @@ import fcntl
 import os
 from typing import TextIO
 
+from bridge.checkpoints.base import CheckpointStore
 from bridge.errors import BridgeError, ForbiddenError, NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
@@ -333,36 +334,46 @@ def sqlite_holder(path: str) -> str | None:
 
 
 async def _check_checkpoints(settings: Settings, report: _Report) -> None:
-    from bridge.app import build_checkpoints
-    from bridge.checkpoints.base import CheckpointStore
-
     what = f"checkpoint {settings.checkpoint.kind}"
-    holder = None
     path = settings.checkpoint.path
-    if settings.checkpoint.kind == "sqlite" and path != ":memory:":
+    sqlite_file = settings.checkpoint.kind == "sqlite" and path != ":memory:"
+    holder = await asyncio.to_thread(sqlite_holder, path) if sqlite_file else None
+    problem = await _opens(_checkpoint_store(settings, holder))
+    if problem is not None and sqlite_file and holder is None:
+        # A bridge may have taken the lock since it was probed: read beside it then.
         holder = await asyncio.to_thread(sqlite_holder, path)
-    store: CheckpointStore
-    if holder is not None:
-        from bridge.checkpoints.sqlite import SqliteCheckpointStore
-
-        # Beside the running bridge: read it as replay does, never take its lock.
-        store = SqliteCheckpointStore(path, read_only=True)
+        if holder is not None:
+            problem = await _opens(_checkpoint_store(settings, holder))
+    if problem is not None:
+        report.fail(what, problem)
+    elif holder is not None:
+        report.ok(what, f"opens read-only: a running k8s-bridge (pid {holder}) holds {path}")
     else:
-        store = build_checkpoints(settings)
+        report.ok(what, "opens")
+
+
+def _checkpoint_store(settings: Settings, holder: str | None) -> CheckpointStore:
+    from bridge.app import build_checkpoints
+
+    if holder is None:
+        return build_checkpoints(settings)
+    from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+    # Beside the running bridge: read it as replay does, never take its lock.
+    return SqliteCheckpointStore(settings.checkpoint.path, read_only=True)
+
+
+async def _opens(store: CheckpointStore) -> str | None:
+    """Open and close ``store``; why it cannot be opened, or None."""
     try:
         await store.open()
     except BridgeError as e:
-        report.fail(what, str(e))
-        return
+        return str(e)
     except OSError as e:
-        report.fail(what, f"cannot open: {e}")
-        return
+        return f"cannot open: {e}"
     finally:
         try:
             await store.close()
         except BridgeError:
             pass
-    if holder is not None:
-        report.ok(what, f"opens read-only: a running k8s-bridge (pid {holder}) holds {path}")
-    else:
-        report.ok(what, "opens")
+    return None
