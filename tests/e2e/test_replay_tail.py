@@ -518,7 +518,7 @@ async def test_tail_prints_cloudevents_from_kafka(
         sink={"kind": "kafka", "kafka": {"bootstrapServers": [kafka_broker], "topic": topic}},
     )
     events = sample_events()
-    sink = KafkaSink(kafka_broker, topic=topic, enable_idempotence=False)
+    sink = KafkaSink(kafka_broker, topic=topic)
     await sink.start()
     try:
         await sink.publish(events)
