@@ -168,6 +168,21 @@ async def test_check_names_the_lease_and_review_rights_run_needs(
         # The account may not read namespaces, and run never does: said, not failed.
         assert f"ok    leader election namespace {ns}: not verified" in " ".join(lines)
         assert any(line.startswith("ok    resource v1/ConfigMap watch") for line in lines)
+        # What the line foretells: run stays a standby, publishing nothing.
+        kube_cluster.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": ns}}
+        )
+        standby = Bridge(config)
+        await standby.start()
+        try:
+            await until(
+                lambda: "cannot get the leader election lease" in standby.log.read_text(),
+                30,
+                standby.tail_log,
+            )
+            assert standby.added() == []
+        finally:
+            assert await standby.stop() == 0, standby.tail_log()
 
         # The chart's Lease role, less get: the election reads its Lease first.
         rules = [
