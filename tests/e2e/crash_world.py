@@ -63,7 +63,7 @@ def node_name_patch(rng: random.Random) -> Body:
 
 
 def annotation_patch(rng: random.Random) -> Body:
-    """A change kube-apiserver accepts: a Pod's spec is immutable but for images."""
+    """A change kube-apiserver accepts: it refuses most changes to a Pod's spec (nodeName too)."""
     return {"metadata": {"annotations": {"n": f"n{rng.randrange(10**6)}"}}}
 
 
