@@ -69,6 +69,13 @@ class Api:
         assert self.cluster is not None
         return self.cluster.patch("v1", "ConfigMap", name, {"data": data}, self.namespace)
 
+    def patch_labels(self, name: str, labels: dict[str, str]) -> Body:
+        patch = {"metadata": {"labels": labels}}
+        if self.emulator is not None:
+            return self.emulator.patch("v1", "ConfigMap", name, patch, self.namespace)
+        assert self.cluster is not None
+        return self.cluster.patch("v1", "ConfigMap", name, patch, self.namespace)
+
     def delete_cm(self, name: str) -> None:
         if self.emulator is not None:
             self.emulator.delete("v1", "ConfigMap", name, self.namespace)
@@ -413,6 +420,28 @@ async def test_watch_from_a_resource_version_streams_only_later_events_in_order(
     )
     rvs = [rv_of(e["object"]) for e in events]
     assert rvs == sorted(rvs) and rvs[0] > start and len(set(rvs)) == 4
+
+
+async def test_selector_watch_shows_leaving_as_deleted_and_entering_as_added(api: Api) -> None:
+    start = rv_of(api.create_cm("a", app="web"))
+    async with watch(api, api.cm_path(), resourceVersion=str(start), labelSelector="app=web") as w:
+        moved = api.patch_labels("a", {"app": "db"})
+        left = await w.next()
+        api.create_cm("other", app="db")
+        api.patch_labels("a", {"app": "web"})
+        entered = await w.next()
+        api.delete_cm("a")
+        deleted = await w.next()
+    assert kinds_and_names([left, entered, deleted]) == [
+        ("DELETED", "a"),
+        ("ADDED", "a"),
+        ("DELETED", "a"),
+    ]
+    # The last content that matched, at the version of the change that moved it out.
+    assert left["object"]["metadata"]["labels"] == {"app": "web"}
+    assert rv_of(left["object"]) == rv_of(moved)
+    assert entered["object"]["metadata"]["labels"] == {"app": "web"}
+    assert rv_of(deleted["object"]) > rv_of(entered["object"])
 
 
 async def test_watch_ahead_of_the_server_waits_for_that_version(api: Api) -> None:
