@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -44,7 +44,6 @@ class Api:
     ssl: ssl.SSLContext | bool
     emulator: Emulator | None = None
     cluster: KubeCluster | None = None
-    _denied: list[str] = field(default_factory=list)
 
     @property
     def is_emulator(self) -> bool:
