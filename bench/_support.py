@@ -46,11 +46,11 @@ def process(cmd: list[str], port: int) -> Iterator[None]:
 
 
 def tune_as_the_app(gc_threshold: int | None) -> None:
-    """The process-wide settings ``k8s-bridge run`` makes at start-up (bridge/app.py):
+    """The process-wide settings ``k8s-bridge run`` makes at start-up (bridge/service/app.py):
     the GC's young threshold (``informer.gcThreshold``, whose default is
     ``InformerSettings().gc_threshold``), the GIL's switch interval and glibc's mmap
-    threshold (bridge/runtime.py)."""
-    from bridge import gctune, runtime
+    threshold (bridge/service/runtime.py)."""
+    from bridge.service import gctune, runtime
 
     gctune.configure(gc_threshold)
     runtime.configure()

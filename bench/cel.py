@@ -5,7 +5,7 @@ On a ~2.5 KB pod (decode.py's), for each expression it times:
   a) plain Python doing the same test on the dict           (the ceiling)
   b) orjson.loads of the pod's bytes                         (the parse every event pays)
   c) common-expression-language, the whole pod handed over   (the naive use)
-  d) bridge.filters.Filter (common-expression-language, only the fields read)
+  d) bridge.delivery.filters.Filter (common-expression-language, only the fields read)
   e) cel-python, the whole pod converted                     (if installed)
 
 and prints evaluations/s and the cost of (d) as a share of (b). Writes the
@@ -25,7 +25,7 @@ import orjson
 
 from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
-from bridge.filters import Filter
+from bridge.delivery.filters import Filter
 
 SECTION = "Filter cost"
 

@@ -64,17 +64,17 @@ from bench._support import (
     update_benchmarks_md,
 )
 from bench.decode import make_pod
-from bridge import gctune, runtime
-from bridge.app import object_decoder
-from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.emulator import Emulator
-from bridge.events import EventBuilder
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
-from bridge.pipeline import PipelineSettings, ResourcePipeline
-from bridge.settings import InformerSettings
+from bridge.service import gctune, runtime
+from bridge.service.settings import InformerSettings
+from bridge.service.wiring import object_decoder
 from bridge.sinks.base import Sink
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
@@ -199,7 +199,7 @@ async def run_e2e(
             builder = EventBuilder(
                 cluster="bench", group="", version="v1", kind="Pod", plural="pods"
             )
-            # As the app decodes (bridge.app.object_decoder): nothing here reads past the
+            # As the app decodes (bridge.service.wiring.object_decoder): nothing here reads past the
             # metadata, so spec and status stay the server's bytes; --whole-objects parses all.
             decoder = None if whole else object_decoder(fingerprinter, builder, None)
             pipeline = ResourcePipeline(

@@ -37,11 +37,11 @@ import xxhash
 
 from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
-from bridge import gctune
-from bridge.changes import Change, ChangeKind, Fingerprinter
-from bridge.events import EventBuilder
+from bridge.delivery.changes import Change, ChangeKind, Fingerprinter
+from bridge.delivery.events import EventBuilder
 from bridge.kube.informer import slim_record
 from bridge.kube.rawjson import ObjectDecoder
+from bridge.service import gctune
 
 SECTION = "Hot path steps"
 

@@ -41,17 +41,17 @@ import orjson
 from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
 from bench.decode import make_pod
 from bench.slowbus import DelayedAckSink
-from bridge import gctune
-from bridge.app import object_decoder
-from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.events import EventBuilder
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.kube.objects import WatchEvent
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import ReflectorSettings
-from bridge.kube.scripted import ScriptedListerWatcher, list_response
-from bridge.pipeline import PipelineSettings, ResourcePipeline
-from bridge.settings import InformerSettings
+from bridge.service import gctune
+from bridge.service.settings import InformerSettings
+from bridge.service.wiring import object_decoder
+from tests.doubles.scripted import ScriptedListerWatcher, list_response
 
 SECTION = "In process"
 

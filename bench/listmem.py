@@ -114,7 +114,7 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
 
     import structlog
 
-    from bridge.changes import Fingerprinter
+    from bridge.delivery.changes import Fingerprinter
     from bridge.kube.client import KubeClient
     from bridge.kube.discovery import ResourceInfo
     from bridge.kube.fifo import FIFOClosedError, RealFIFO

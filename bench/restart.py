@@ -67,8 +67,8 @@ def _pod(i: int, rv: int) -> dict[str, Any]:
 
 
 async def _build(path: Path, objects: int) -> None:
-    from bridge.changes import Digest, Fingerprinter
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
+    from bridge.delivery.changes import Digest, Fingerprinter
     from bridge.kube.objects import namespace_key
 
     fp = Fingerprinter()
@@ -89,12 +89,12 @@ async def _build(path: Path, objects: int) -> None:
 
 
 async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
-    from bridge.changes import ChangeDetector, Fingerprinter
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
-    from bridge.events import EventBuilder
-    from bridge.kube.scripted import HANG, ScriptedListerWatcher
-    from bridge.pipeline import PipelineSettings, ResourcePipeline
+    from bridge.delivery.changes import ChangeDetector, Fingerprinter
+    from bridge.delivery.events import EventBuilder
+    from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
     from bridge.sinks.memory import MemorySink
+    from tests.doubles.scripted import HANG, ScriptedListerWatcher
 
     lw = ScriptedListerWatcher()
     # Changes made before the crash and already published: echoes of the checkpoint.
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--child", metavar="DB", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        from bridge.settings import InformerSettings
+        from bridge.service.settings import InformerSettings
 
         tune_as_the_app(InformerSettings().gc_threshold)
         result = asyncio.run(_round(Path(args.child), args.replay, args.settle))

@@ -24,8 +24,8 @@ import nats
 from aiokafka import AIOKafkaProducer
 
 from bench._support import free_port, process
-from bridge.changes import ChangeDetector, Fingerprinter
-from bridge.events import Event, EventBuilder
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import MSG_ID, NatsSink
 

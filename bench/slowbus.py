@@ -66,17 +66,17 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
 
     import structlog
 
-    from bridge import gctune
-    from bridge.app import object_decoder
-    from bridge.changes import ChangeDetector, Fingerprinter
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
-    from bridge.events import EventBuilder
+    from bridge.delivery.changes import ChangeDetector, Fingerprinter
+    from bridge.delivery.events import EventBuilder
+    from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
     from bridge.kube.client import KubeClient
     from bridge.kube.discovery import ResourceInfo
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import ReflectorSettings
-    from bridge.pipeline import PipelineSettings, ResourcePipeline
-    from bridge.settings import InformerSettings
+    from bridge.service import gctune
+    from bridge.service.settings import InformerSettings
+    from bridge.service.wiring import object_decoder
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     tune_as_the_app(InformerSettings().gc_threshold)
@@ -121,7 +121,7 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
                     max_queued = max(max_queued, len(pipeline.informer.fifo))
             elapsed = time.perf_counter() - t0
             peak = _status_kb("VmHWM")
-            # What the app does once the first sync has landed (bridge/app.py): the
+            # What the app does once the first sync has landed (bridge/service/app.py): the
             # heap frozen, free C-heap pages handed back. What stays is the steady state.
             gctune.freeze()
             gctune.release_free_memory()

@@ -23,9 +23,9 @@ import orjson
 
 from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
-from bridge.changes import Change, ChangeKind, Fingerprinter
-from bridge.events import EventBuilder
-from bridge.views import fingerprinter_for
+from bridge.delivery.changes import Change, ChangeKind, Fingerprinter
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.views import fingerprinter_for
 
 SECTION = "Triggers and projections"
 IGNORE = ["status.conditions"]

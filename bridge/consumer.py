@@ -1,4 +1,4 @@
-"""Reading the stream back: a typed consumer that drops redeliveries, and ``k8s-bridge tail``.
+"""Reading the stream back: a typed consumer that drops redeliveries (``k8s-bridge tail`` prints it).
 
 Downstream services can use ``consume()`` as it is: it yields each event once
 (a redelivery carries the same ``id`` and is dropped) in bus order, which is
@@ -7,24 +7,21 @@ resourceVersion order per object.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import ssl
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 import orjson
 
-from bridge.aiotasks import cancel_and_wait
-from bridge.configured import find_resource
+from bridge.delivery.events import nats_token
+from bridge.delivery.heartbeat import HEARTBEAT_TYPE
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.events import nats_token
-from bridge.heartbeat import HEARTBEAT_TYPE
 from bridge.logging import get_logger
-from bridge.settings import Settings
+from bridge.service.settings import Settings
 
 log = get_logger(__name__)
 
@@ -120,14 +117,11 @@ def _matches(event: ReceivedEvent, resource: str | None) -> bool:
 
 
 def nats_tls(settings: Settings) -> ssl.SSLContext | None:
-    """The TLS context ``sink.nats.tls`` asks for, for whoever reads the stream back."""
+    """The TLS context of ``sink.nats.tls``: the stream is read back as the sink connects."""
+    from bridge.sinks.nats import tls_context
+
     tls = settings.sink.nats.tls
-    if tls is None:
-        return None
-    ctx = ssl.create_default_context(cafile=tls.ca)
-    if tls.cert:
-        ctx.load_cert_chain(tls.cert, tls.key)
-    return ctx
+    return tls_context(tls.ca, tls.cert, tls.key) if tls else None
 
 
 async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
@@ -240,53 +234,3 @@ async def consume(
             if dedupe.seen(event.id) or not _matches(event, resource):
                 continue
             yield event
-
-
-def summary_line(event: ReceivedEvent) -> str:
-    tomb = " (tombstone)" if event.data.get("tombstone") else ""
-    initial = " initial" if event.initial else ""
-    return f"{event.change.upper():9} {event.kind:12} {event.subject}  rv={event.resource_version}{initial}{tomb}"
-
-
-async def tail(
-    settings: Settings,
-    *,
-    resource: str | None,
-    count: int,
-    from_start: bool,
-    idle_timeout: float | None,
-    stop: asyncio.Event,
-    out: TextIO,
-    as_json: bool = True,
-) -> int:
-    """Print events (JSON lines, or summaries) until ``count``, ``idle_timeout`` or ``stop``.
-
-    ``resource`` must be a configured one: anything else would wait forever
-    for events that the bridge never publishes.
-    """
-    if resource:
-        find_resource(settings, resource)
-    seen = 0
-    events = consume(settings, resource=resource, from_start=from_start)
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        while not stop.is_set():
-            nxt = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait(
-                {nxt, stopper}, timeout=idle_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if nxt not in done:
-                await cancel_and_wait([nxt])
-                break
-            event = nxt.result()
-            out.write((event.raw.decode() if as_json else summary_line(event)) + "\n")
-            out.flush()
-            seen += 1
-            if count and seen >= count:
-                break
-    except StopAsyncIteration:
-        pass
-    finally:
-        stopper.cancel()
-        await events.aclose()
-    return 0

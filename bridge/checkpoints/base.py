@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from bridge.changes import CERTAIN, Digest
+from bridge.delivery.changes import CERTAIN, Digest
 
 
 @dataclass

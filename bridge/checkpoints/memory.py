@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bridge.changes import Digest
 from bridge.checkpoints.base import Checkpoint
+from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
 
 

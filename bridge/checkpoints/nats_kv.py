@@ -40,8 +40,8 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from bridge.changes import Digest
 from bridge.checkpoints.base import Checkpoint
+from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError, SinkError
 from bridge.sinks.nats import (
     JetStreamPublisher,

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from bridge.changes import Digest
 from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, R, RowConverter
+from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
 
 T = TypeVar("T")

@@ -66,7 +66,7 @@ class _Object(msgspec.Struct, forbid_unknown_fields=True):
 _RAW_FIELDS = ("spec", "status", "data", "binaryData", "stringData", "type", "immutable")
 
 # A reader that looks inside metadata.managedFields names this in ``reads()``
-# (bridge/changes.py); otherwise they stay the server's bytes.
+# (bridge/delivery/changes.py); otherwise they stay the server's bytes.
 MANAGED_FIELDS_READ = "metadata.managedFields"
 
 

@@ -7,7 +7,7 @@ state): key = ``apiVersion/kind/namespace/name`` (namespace empty for
 cluster-scoped objects), value = the object JSON, and a null value (tombstone)
 when the object is deleted.
 
-Heartbeats (bridge/heartbeat.py) go to their own topic (``heartbeatTopic``,
+Heartbeats (bridge/delivery/heartbeat.py) go to their own topic (``heartbeatTopic``,
 by default the change topic + ``.heartbeats``, placeholders filled from the
 heartbeat's resource), as structured CloudEvents keyed by the resource scope:
 consumers of changes, and a compacted state topic, never see one.
@@ -34,12 +34,12 @@ from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from bridge.delivery.events import Event
+from bridge.delivery.heartbeat import HEARTBEAT_TYPE
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
-from bridge.events import Event
-from bridge.heartbeat import HEARTBEAT_TYPE
 
 if TYPE_CHECKING:
-    from bridge.settings import KafkaSettings
+    from bridge.service.settings import KafkaSettings
 
 _TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
 

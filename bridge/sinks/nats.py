@@ -42,11 +42,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bridge.delivery.events import Event
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.events import Event
 
 if TYPE_CHECKING:
-    from bridge.settings import NatsSettings
+    from bridge.service.settings import NatsSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ _NO_STREAM = "no responders"
 # Where nats-py's public Msg keeps the status of a header block (``NATS/1.0 503``).
 _STATUS = "Status"
 # Frames are written to the socket in pieces of about this size (``_send``): below
-# glibc's mmap threshold as the bridge sets it (bridge/runtime.py).
+# glibc's mmap threshold as the bridge sets it (bridge/service/runtime.py).
 WRITE_PIECE = 64 << 10
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]

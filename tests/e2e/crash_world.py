@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from bridge.changes import CERTAIN, Fingerprinter
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
+from bridge.delivery.changes import CERTAIN, Fingerprinter
 from tests.e2e.bridge_process import BridgeProcess, kill9, until
 
 FINGERPRINT = Fingerprinter([]).fingerprint

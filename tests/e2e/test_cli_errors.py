@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.changes import ChangeDetector, Fingerprinter
-from bridge.events import Event, EventBuilder
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import cli, write_config
 from tests.fixtures.nats import NatsServer

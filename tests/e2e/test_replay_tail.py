@@ -22,9 +22,9 @@ import pytest
 import yaml
 from cloudevents.v1.http import from_json
 
-from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.emulator import Emulator
-from bridge.events import Event, EventBuilder
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import (

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bridge.delivery.events import LAST_APPLIED, REDACTED
 from bridge.emulator import Emulator
-from bridge.events import LAST_APPLIED, REDACTED
 from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
 from tests.e2e.kubectl import kubectl
 from tests.fixtures.nats import NatsServer

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import structlog
 
-from bridge.app import BridgeApp
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.logging import configure_logging
+from bridge.service.app import BridgeApp
 from bridge.sinks.memory import MemorySink
 from tests.e2e.bridge_process import until
 from tests.integration.test_app_readiness import Running, pod, running, settings_for, status_is

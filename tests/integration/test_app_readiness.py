@@ -18,11 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bridge.app import BridgeApp
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.errors import UnknownKindError
-from bridge.settings import Settings, load_settings
+from bridge.service.app import BridgeApp
+from bridge.service.settings import Settings, load_settings
 from bridge.sinks.memory import MemorySink
 from tests.e2e.bridge_process import until
 from tests.fixtures.nats import NatsServer
@@ -233,8 +233,8 @@ async def test_the_app_sets_the_runtime_up_before_it_serves(
     kubeconfig: Path, emulator: Emulator
 ) -> None:
     """Production order: modules imported first, then the app configures the process
-    (bridge/runtime.py) as it starts, before any informer runs."""
-    from bridge import runtime
+    (bridge/service/runtime.py) as it starts, before any informer runs."""
+    from bridge.service import runtime
 
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.consumer import Deduplicator, ReceivedEvent, consume
-from bridge.events import Event, EventBuilder
-from bridge.settings import Settings, load_settings
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
+from bridge.service.settings import Settings, load_settings
 from bridge.sinks.kafka import KafkaSink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

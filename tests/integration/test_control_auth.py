@@ -10,12 +10,12 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from bridge.control import CONTROL_PATH, CONTROL_VERB, KubernetesAccess
 from bridge.emulator import Emulator
 from bridge.emulator.server import EMULATOR_TOKEN
-from bridge.health import HealthServer
 from bridge.kube.client import KubeClient
 from bridge.kube.review import AccessReviewer
+from bridge.service.control import CONTROL_PATH, CONTROL_VERB, KubernetesAccess
+from bridge.service.health import HealthServer
 
 
 class Clock:

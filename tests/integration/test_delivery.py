@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.delivery.events import Event
+from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
-from bridge.events import Event
-from bridge.pipeline import ResourcePipeline
 from bridge.sinks.memory import MemorySink
 from tests.integration.test_pipeline import FAST, Harness, pod, wait_for, wait_for_async
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bridge.changes import UNCERTAIN, Digest
+from bridge.delivery.changes import UNCERTAIN, Digest
+from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
-from bridge.snapshot import take_snapshot
 from tests.integration.test_delivery import running
 from tests.integration.test_pipeline import Harness, pod, wait_for
 

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from bridge.emulator import Emulator
-from bridge.metrics import Metrics
-from bridge.observer import PipelineObserver
+from bridge.service.metrics import Metrics
+from bridge.service.observer import PipelineObserver
 from tests.integration.test_pipeline import Harness, client, harness, pod, wait_for
 
 __all__ = ["client", "harness"]  # fixtures shared with the pipeline tests

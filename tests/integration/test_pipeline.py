@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from bridge.app import object_decoder
-from bridge.changes import CERTAIN, UNCERTAIN, ChangeDetector, Fingerprinter
 from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.delivery.changes import CERTAIN, UNCERTAIN, ChangeDetector, Fingerprinter
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.emulator import Emulator
-from bridge.events import EventBuilder
-from bridge.filters import Filter
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
-from bridge.pipeline import PipelineSettings, ResourcePipeline
+from bridge.service.wiring import object_decoder
 from bridge.sinks.memory import MemorySink
 
 pytestmark = pytest.mark.integration

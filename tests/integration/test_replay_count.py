@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from bridge.changes import ChangeDetector, Fingerprinter
-from bridge.events import Event, EventBuilder
+from bridge.cli.stored import JetStreamCounter
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.sinks.nats import NatsSink
-from bridge.stored import JetStreamCounter
 
 pytestmark = pytest.mark.integration
 

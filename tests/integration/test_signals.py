@@ -22,14 +22,14 @@ import orjson
 import pytest
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
+from bridge.delivery.events import Event
+from bridge.delivery.heartbeat import HEARTBEAT_TYPE, Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.pipeline import ResourcePipeline
+from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
-from bridge.events import Event
-from bridge.heartbeat import HEARTBEAT_TYPE, Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.records import is_record, make_record
-from bridge.pipeline import ResourcePipeline
 from bridge.sinks.memory import MemorySink
 from bridge.sinks.nats import NatsSink
-from bridge.snapshot import take_snapshot
 from tests.integration.test_pipeline import FAST, Harness, pod, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from bridge.app import object_decoder
-from bridge.changes import ChangeDetector
+from bridge.delivery.changes import ChangeDetector
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.pipeline import ResourcePipeline
+from bridge.delivery.views import fingerprinter_for
 from bridge.emulator import Emulator
-from bridge.events import EventBuilder
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
-from bridge.pipeline import ResourcePipeline
-from bridge.views import fingerprinter_for
+from bridge.service.wiring import object_decoder
 from tests.integration.test_pipeline import FAST, Harness, pod
 
 pytestmark = pytest.mark.integration

@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.events import LAST_APPLIED, REDACTED
+from bridge.delivery.events import LAST_APPLIED, REDACTED
 from tests.e2e.bridge_process import BridgeProcess, cli, until, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.events import Event
-from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.events import Event
+from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.liststream import _ReadAhead
 from bridge.sinks.memory import MemorySink
 from tests.unit.test_signals import Source

@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.changes import (
+from bridge.delivery.changes import (
     ChangeDetector,
     ChangeKind,
     Digest,

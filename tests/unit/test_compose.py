@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.settings import load_settings
+from bridge.service.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

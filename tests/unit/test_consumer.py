@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.consumer import Deduplicator, ReceivedEvent, _matches
-from bridge.events import EventBuilder
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import EventBuilder
 from bridge.kube.objects import DeletedFinalStateUnknown
 
 detector = ChangeDetector(Fingerprinter([]))

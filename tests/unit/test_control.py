@@ -14,19 +14,19 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from bridge.cli import main
-from bridge.control import (
+from bridge.cli.main import main
+from bridge.cli.snapshot import control_bearer
+from bridge.emulator.server import write_kubeconfig
+from bridge.errors import ConfigError
+from bridge.service.control import (
     KubernetesAccess,
     StaticToken,
     Unauthenticated,
     bearer_token,
     control_auth,
 )
-from bridge.emulator.server import write_kubeconfig
-from bridge.errors import ConfigError
-from bridge.health import HealthServer
-from bridge.settings import Settings, load_settings
-from bridge.snapshot import control_bearer
+from bridge.service.health import HealthServer
+from bridge.service.settings import Settings, load_settings
 from tests.fixtures.nats import free_port
 
 BASE: dict[str, Any] = {

@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.app import object_decoder
-from bridge.changes import Change, ChangeKind, Fingerprinter
-from bridge.events import LAST_APPLIED, REDACTED, EventBuilder
-from bridge.filters import Filter
-from bridge.views import fingerprinter_for
+from bridge.delivery.changes import Change, ChangeKind, Fingerprinter
+from bridge.delivery.events import LAST_APPLIED, REDACTED, EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.delivery.views import fingerprinter_for
+from bridge.service.wiring import object_decoder
 
 
 def builder(kind: str = "Pod", **kw: Any) -> EventBuilder:

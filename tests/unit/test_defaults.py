@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from bridge.pipeline import PipelineSettings
-from bridge.settings import InformerSettings, KafkaSettings, NatsSettings, SinkSettings
+from bridge.delivery.pipeline import PipelineSettings
+from bridge.service.settings import InformerSettings, KafkaSettings, NatsSettings, SinkSettings
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
 

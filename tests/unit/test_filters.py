@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.delivery.filters import Filter, _prune, _read_paths, compile_filter
 from bridge.errors import ConfigError
-from bridge.filters import Filter, _prune, _read_paths, compile_filter
-from bridge.settings import load_settings
+from bridge.service.settings import load_settings
 
 POD: dict[str, Any] = {
     "apiVersion": "v1",

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from bridge import gctune, runtime
-from bridge.settings import InformerSettings
+from bridge.service import gctune, runtime
+from bridge.service.settings import InformerSettings
 
 
 def test_configure_sets_the_young_threshold_only_when_given() -> None:

@@ -58,16 +58,16 @@ SCRIPT = textwrap.dedent(
 )
 
 EXPECTED = {
-    "bridge.app",
-    "bridge.pipeline",
-    "bridge.observer",
-    "bridge.replay",
+    "bridge.service.app",
+    "bridge.delivery.pipeline",
+    "bridge.service.observer",
+    "bridge.cli.replay",
     "bridge.consumer",
     "bridge.kube.lease",
     "bridge.kube.reflector",
     "bridge.kube.informer",
-    "bridge.snapshot",
-    "bridge.heartbeat",
+    "bridge.delivery.snapshot",
+    "bridge.delivery.heartbeat",
 }
 
 
@@ -137,7 +137,7 @@ def test_a_client_library_repeating_itself_is_held_to_one_line_per_period() -> N
 
     passed = [limit.filter(record("aiokafka", "Unable connect to %s")) for _ in range(294)]
     assert passed.count(True) == 1
-    assert all(limit.filter(record("bridge.pipeline", "publish failed")) for _ in range(5))
+    assert all(limit.filter(record("bridge.delivery.pipeline", "publish failed")) for _ in range(5))
     now[0] = 31.0
     again = record("aiokafka", "Unable connect to %s")
     assert limit.filter(again)

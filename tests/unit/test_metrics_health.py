@@ -13,9 +13,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.health import HealthServer
 from bridge.logging import configure_logging, get_logger
-from bridge.metrics import Metrics
+from bridge.service.health import HealthServer
+from bridge.service.metrics import Metrics
 
 FAMILIES = {
     "k8s_bridge_events_published",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
-from bridge.events import Event
-from bridge.outbox import Batch, Outbox
+from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.delivery.events import Event
+from bridge.delivery.outbox import Batch, Outbox
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge import runtime
+from bridge.service import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ _FREED_LARGE_BLOCKS = textwrap.dedent(
     import sys
 
     if sys.argv[1] == "configured":
-        from bridge import runtime
+        from bridge.service import runtime
 
         assert runtime.configure().mmap_threshold == runtime.MMAP_THRESHOLD
 
@@ -92,7 +92,7 @@ _SOCKET_READS = textwrap.dedent(
     """
     import asyncio, resource, socket, sys, threading
 
-    from bridge import runtime
+    from bridge.service import runtime
 
     if sys.argv[1] == "configured":
         runtime.configure()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bridge.errors import ConfigError
-from bridge.settings import (
+from bridge.service.settings import (
     Settings,
     load_settings,
     resources_for_shard,

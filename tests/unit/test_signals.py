@@ -12,18 +12,18 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from bridge.changes import UNCERTAIN, Digest
-from bridge.check import subject_matches
-from bridge.cli import main
-from bridge.control import StaticToken
+from bridge.cli.check import subject_matches
+from bridge.cli.main import main
+from bridge.cli.snapshot import control_url, summary
+from bridge.delivery.changes import UNCERTAIN, Digest
+from bridge.delivery.events import Event
+from bridge.delivery.heartbeat import HEARTBEAT_TYPE, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.outbox import Outbox
 from bridge.errors import ConfigError, SnapshotError
-from bridge.events import Event
-from bridge.health import HealthServer
-from bridge.heartbeat import HEARTBEAT_TYPE, HeartbeatBuilder, HeartbeatTarget
-from bridge.outbox import Outbox
-from bridge.settings import load_settings, settings_json_schema
+from bridge.service.control import StaticToken
+from bridge.service.health import HealthServer
+from bridge.service.settings import load_settings, settings_json_schema
 from bridge.sinks.kafka import KafkaSink
-from bridge.snapshot import control_url, summary
 from tests.fixtures.nats import free_port
 
 

@@ -1,4 +1,4 @@
-"""Change triggers and projections (bridge/views.py): path selection, fingerprints, events."""
+"""Change triggers and projections (bridge/delivery/views.py): path selection, fingerprints, events."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.changes import ChangeDetector, ChangeKind, Fingerprinter, compile_paths
-from bridge.errors import ConfigError
-from bridge.events import REDACTED, EventBuilder
-from bridge.settings import load_settings
-from bridge.views import (
+from bridge.delivery.changes import ChangeDetector, ChangeKind, Fingerprinter, compile_paths
+from bridge.delivery.events import REDACTED, EventBuilder
+from bridge.delivery.views import (
     ViewFingerprinter,
     compile_projection,
     fingerprinter_for,
     select,
 )
+from bridge.errors import ConfigError
+from bridge.service.settings import load_settings
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 

@@ -1,7 +1,7 @@
 """Write charts/k8s-bridge/values.schema.json.
 
 The chart's ``config`` value is the bridge's own config file, so its schema is
-the one the bridge validates with (``bridge.settings.settings_json_schema``);
+the one the bridge validates with (``bridge.service.settings.settings_json_schema``);
 the rest describes the chart's knobs. A test fails when the committed file and
 this output differ: run ``python tools/helm/values_schema.py`` after changing
 settings or chart values.
@@ -24,7 +24,7 @@ def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 def build() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from bridge.settings import settings_json_schema
+    from bridge.service.settings import settings_json_schema
 
     config = settings_json_schema()
     defs = config.pop("$defs", {})

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.checkpoints import CheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 
 pytestmark = pytest.mark.integration
 

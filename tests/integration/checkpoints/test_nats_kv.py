@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
-from bridge.changes import Digest
 from bridge.checkpoints import Checkpoint, CheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore, _enc
+from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
 from tests.fixtures.nats import NatsServer, free_port
 

@@ -26,8 +26,8 @@ from bridge.kube.fifo import Delta, RealFIFO
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.reflector import Reflector, ReflectorSettings
-from bridge.kube.scripted import RecordingStore
 from bridge.kube.store import Indexer
+from tests.doubles.scripted import RecordingStore
 from tests.integration.kube.conftest import PODS, pod_body, running, until
 
 pytestmark = pytest.mark.integration
@@ -281,7 +281,7 @@ async def test_decoded_lazily_a_listed_and_a_watched_object_fingerprint_alike(
 ) -> None:
     """The same objects from a LIST (paged and streamed, items without kind/apiVersion)
     and from a watch hash the same with their spec and status kept as the server's bytes."""
-    from bridge.changes import Fingerprinter
+    from bridge.delivery.changes import Fingerprinter
     from bridge.kube.rawjson import ObjectDecoder
 
     for i in range(3):

@@ -11,7 +11,7 @@ from bridge.emulator import Emulator
 from bridge.kube.client import KubeClient
 from bridge.kube.listwatch import ListWatch, list_watches_for
 from bridge.kube.reflector import Reflector, ReflectorSettings
-from bridge.kube.scripted import RecordingStore
+from tests.doubles.scripted import RecordingStore
 from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running, until
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from cloudevents.v1.http import from_json
 
-from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
-from bridge.events import Event, EventBuilder
 from bridge.sinks.kafka import KafkaSink
 from tests.fixtures.nats import free_port
 from tests.fixtures.realkafka import SASL_PASSWORD, SASL_USER, KafkaBroker

@@ -9,8 +9,8 @@ import nats
 import orjson
 import pytest
 
-from bridge.changes import ChangeDetector, Fingerprinter
-from bridge.events import Event, EventBuilder
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.sinks.nats import MSG_ID, NatsSink
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from cloudevents.v1.http import from_json
 from nats.aio.client import Client
 
 import bridge.sinks.nats
-from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.events import Event, EventBuilder
 from bridge.sinks.nats import MSG_ID, WRITE_PIECE, JetStreamPublisher, NatsSink
 from tests.fixtures.nats import NatsServer
 

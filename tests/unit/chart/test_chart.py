@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bridge.settings import load_settings
+from bridge.service.settings import load_settings
 from tests.fixtures.realdeps import binary
 
 ROOT = Path(__file__).resolve().parents[3]

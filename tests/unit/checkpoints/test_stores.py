@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.changes import DELETING, UNCERTAIN, Digest
 from bridge.checkpoints import Checkpoint, CheckpointStore
 from bridge.checkpoints.base import PlainRow, load_bulk
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
 from bridge.errors import CheckpointError
 
 

@@ -498,7 +498,7 @@ def settings() -> Any:
 
 
 def scripted() -> Any:
-    return pytest.importorskip("bridge.kube.scripted")
+    return pytest.importorskip("tests.doubles.scripted")
 
 
 @asynccontextmanager

@@ -22,8 +22,8 @@ from bridge.kube.liststream import ListBody
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
 from bridge.kube.protocols import ListOptions, ListStream
 from bridge.kube.reflector import Reflector, ReflectorSettings
-from bridge.kube.scripted import ScriptedListerWatcher
 from bridge.kube.store import Indexer
+from tests.doubles.scripted import ScriptedListerWatcher
 
 FIFOS = [pytest.param(RealFIFO, id="real"), pytest.param(DeltaFIFO, id="delta")]
 FIFO = RealFIFO | DeltaFIFO

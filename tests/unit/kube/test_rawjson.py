@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 import pytest
 
-from bridge.app import object_decoder
-from bridge.changes import Change, ChangeKind, Fingerprinter
-from bridge.events import REDACTED, EventBuilder
-from bridge.filters import Filter
+from bridge.delivery.changes import Change, ChangeKind, Fingerprinter
+from bridge.delivery.events import REDACTED, EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.delivery.views import fingerprinter_for
 from bridge.kube.liststream import ListSplitter
 from bridge.kube.rawjson import MANAGED_FIELDS_READ, IncompleteJSON, ObjectDecoder
-from bridge.views import fingerprinter_for
+from bridge.service.wiring import object_decoder
 
 # As a Go API server writes it: HTML characters escaped, U+2028 escaped, non-ASCII raw.
 SERVER_POD = (

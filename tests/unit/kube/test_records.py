@@ -8,7 +8,7 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.changes import ChangeDetector, ChangeKind, Fingerprinter
+from bridge.delivery.changes import ChangeDetector, ChangeKind, Fingerprinter
 from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
 from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.store import NAMESPACE_INDEX, Indexer

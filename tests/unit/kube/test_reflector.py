@@ -26,7 +26,7 @@ from bridge.errors import (
 )
 from bridge.kube.objects import RawObject
 from bridge.kube.reflector import Reflector, ReflectorSettings
-from bridge.kube.scripted import (
+from tests.doubles.scripted import (
     HANG,
     Pause,
     RecordingStore,

@@ -16,7 +16,8 @@ from bridge.errors import ApiStatusError, BadRequestError, KubeConnectionError, 
 from bridge.kube.fifo import RealFIFO
 from bridge.kube.objects import RawObject
 from bridge.kube.reflector import Reflector, ReflectorSettings
-from bridge.kube.scripted import (
+from bridge.kube.store import Indexer
+from tests.doubles.scripted import (
     HANG,
     BrokenList,
     RecordingStore,
@@ -28,7 +29,6 @@ from bridge.kube.scripted import (
     list_response,
     pod,
 )
-from bridge.kube.store import Indexer
 
 pytestmark = pytest.mark.looptime
 

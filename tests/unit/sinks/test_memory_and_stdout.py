@@ -8,9 +8,9 @@ import orjson
 import pytest
 from cloudevents.v1.http import from_json
 
-from bridge.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
+from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.events import Event, EventBuilder
 from bridge.sinks import Sink
 from bridge.sinks.memory import MemorySink
 from bridge.sinks.stdout import StdoutSink

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from bridge.delivery.events import Event, nats_token, rfc3339
 from bridge.errors import SinkError
-from bridge.events import Event, nats_token, rfc3339
 from bridge.logging import get_logger
 from bridge.sinks.base import Sink
 

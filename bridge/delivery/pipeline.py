@@ -1,6 +1,6 @@
 """One resource end to end: informer → change detection → outbox → sink, checkpoint behind.
 
-The synchronous ``Outbox`` (bridge/outbox.py) owns what was decided and how
+The synchronous ``Outbox`` (bridge/delivery/outbox.py) owns what was decided and how
 far the bus has taken it; this module is its async driver, four tasks:
 
 - the **informer** calls the handlers below, which decide events at once (no
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 from bridge.aiotasks import cancel_and_wait, run_group
-from bridge.changes import (
+from bridge.checkpoints.base import CheckpointStore, load_bulk
+from bridge.delivery.changes import (
     CERTAIN,
     FINGERPRINT_FIELD,
     Change,
@@ -48,11 +49,10 @@ from bridge.changes import (
     Digest,
     object_from_digest,
 )
-from bridge.checkpoints.base import CheckpointStore, load_bulk
+from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.delivery.outbox import Batch, Outbox
 from bridge.errors import CheckpointError, PoisonEventError, SinkUnavailableError
-from bridge.events import Event, EventBuilder
-from bridge.filters import Filter
-from bridge.gctune import gc_paused
 from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
 from bridge.kube.objects import (
@@ -66,8 +66,8 @@ from bridge.kube.protocols import ListerWatcher
 from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
-from bridge.metrics import Metrics
-from bridge.outbox import Batch, Outbox
+from bridge.service.gctune import gc_paused
+from bridge.service.metrics import Metrics
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
@@ -231,7 +231,7 @@ class ResourcePipeline:
     def checkpoint_lag(self) -> float:
         return self.outbox.lag()
 
-    # What heartbeats (bridge/heartbeat.py) and snapshots (bridge/snapshot.py) read.
+    # What heartbeats (bridge/delivery/heartbeat.py) and snapshots (bridge/delivery/snapshot.py) read.
 
     def watch_up(self) -> bool:
         reflector = self.informer.reflector if self.informer is not None else None

@@ -1,7 +1,7 @@
 """Per-resource event filters: a CEL expression over ``object``, ``oldObject`` and ``type``.
 
 An object is *in view* while the expression holds for it; only objects in view
-are published. The pipeline keeps the view as state (bridge/pipeline.py): an
+are published. The pipeline keeps the view as state (bridge/delivery/pipeline.py): an
 object entering it is published as added, one leaving it as ``filtered`` (a
 delete-like event, so a consumer's view stays right), and the delete of an
 object that was never in view is not published. Checkpoint digests hold only
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.changes import MANAGED_FIELDS
+from bridge.delivery.changes import MANAGED_FIELDS
 from bridge.errors import ConfigError
 from bridge.kube.objects import RawObject
 from bridge.kube.rawjson import MANAGED_FIELDS_READ

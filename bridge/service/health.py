@@ -1,5 +1,5 @@
 """The health and metrics HTTP server: ``/healthz``, ``/readyz``, ``/metrics``, and the
-control endpoint ``POST /snapshot?resource=KIND`` (bridge/snapshot.py).
+control endpoint ``POST /snapshot?resource=KIND`` (bridge/delivery/snapshot.py).
 
 ``/healthz`` answers 200 while the event loop runs (a liveness probe that fails
 only when the process is wedged). ``/readyz`` asks the app's readiness callable
@@ -9,7 +9,7 @@ curl show why. ``/metrics`` renders the instance's own registry.
 ``POST /snapshot`` makes the bridge do work (a LIST, events on the bus), so it
 answers only POST (a scrape or a probe never triggers it), listens only where
 the server binds (``server.host``), and lets in only the callers its
-``ControlAuth`` lets in (``server.controlAuth``, bridge/control.py: a
+``ControlAuth`` lets in (``server.controlAuth``, bridge/service/control.py: a
 Kubernetes token allowed by the API server, or ``server.controlToken``); the
 check comes before anything else is read from the request. Its answer is JSON:
 the counts, or ``{"error": one line}`` with the status of the refusal (401
@@ -24,9 +24,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from bridge.control import ControlAuth
 from bridge.errors import SnapshotError, listen_error
 from bridge.logging import get_logger
+from bridge.service.control import ControlAuth
 
 log = get_logger(__name__)
 

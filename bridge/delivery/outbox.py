@@ -32,7 +32,7 @@ Invariants:
 - **Order.** Batches leave in decision order and are acknowledged in that
   order (one publish at a time per resource), so per-object order holds.
 - **Announcements change nothing.** ``announce`` queues a re-announcement of
-  a key's current state (a snapshot signal, bridge/snapshot.py) in the same
+  a key's current state (a snapshot signal, bridge/delivery/snapshot.py) in the same
   order as decisions, but it writes nothing ahead, opens no key and dirties
   none: the state it announces is already what the checkpoint knows (or what
   an earlier decision of the key wrote ahead), so a crash while announcements
@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.changes import DELETING, UNCERTAIN, Digest
-from bridge.events import Event
+from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
+from bridge.delivery.events import Event
 
 
 @dataclass(slots=True)

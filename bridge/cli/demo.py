@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import TextIO
 
 from bridge.aiotasks import cancel_and_wait
-from bridge.app import BridgeApp, build_sink
+from bridge.cli.stdio import EXIT_BROKEN_PIPE, discard_stdout
+from bridge.delivery.events import Event
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
-from bridge.events import Event
 from bridge.logging import configure_logging
-from bridge.settings import load_settings
+from bridge.service.app import BridgeApp
+from bridge.service.settings import load_settings
+from bridge.service.wiring import build_sink
 from bridge.sinks.base import Sink
-from bridge.stdio import EXIT_BROKEN_PIPE, discard_stdout
 
 DEMO_RESOURCES = [
     {"apiVersion": "v1", "kind": "Pod", "ignoreFields": ["status.conditions"]},

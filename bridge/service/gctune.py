@@ -22,7 +22,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-from bridge.runtime import c_function
+from bridge.service.runtime import c_function
 
 __all__ = ["configure", "freeze", "gc_paused", "release_free_memory"]
 

@@ -45,14 +45,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from bridge.delivery.filters import compile_filter
+from bridge.delivery.views import check_paths
 from bridge.errors import ConfigError
-from bridge.filters import compile_filter
 from bridge.kube.selectors import (
     SelectorError,
     normalize_field_selector,
     normalize_label_selector,
 )
-from bridge.views import check_paths
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"

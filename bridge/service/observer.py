@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter as PromCounter
 
+from bridge.delivery.pipeline import ResourcePipeline
 from bridge.logging import get_logger
-from bridge.metrics import Metrics
-from bridge.pipeline import ResourcePipeline
+from bridge.service.metrics import Metrics
 
 log = get_logger(__name__)
 

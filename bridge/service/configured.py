@@ -11,7 +11,7 @@ once, naming the value and what is configured.
 from __future__ import annotations
 
 from bridge.errors import ConfigError
-from bridge.settings import ResourceSettings, Settings
+from bridge.service.settings import ResourceSettings, Settings
 
 
 def configured_resources(settings: Settings) -> str:

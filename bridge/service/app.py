@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import gc
-import hashlib
 import os
 import socket
 import uuid
@@ -23,10 +22,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from bridge import gctune, runtime
-from bridge.changes import ChangeDetector, Fingerprinter
 from bridge.checkpoints.base import CheckpointStore
-from bridge.control import control_auth
+from bridge.delivery.changes import ChangeDetector
+from bridge.delivery.filters import Filter
+from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
+from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 from bridge.errors import (
     BridgeError,
     ConfigError,
@@ -36,134 +37,33 @@ from bridge.errors import (
     SinkUnavailableError,
     TooManyRequestsError,
 )
-from bridge.events import EventBuilder
-from bridge.filters import Filter
-from bridge.health import HealthServer
-from bridge.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
-from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
-from bridge.metrics import Metrics
-from bridge.observer import PipelineObserver
-from bridge.pipeline import PipelineSettings, ResourcePipeline
-from bridge.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service import gctune, runtime
+from bridge.service.control import control_auth
+from bridge.service.health import HealthServer
+from bridge.service.metrics import Metrics
+from bridge.service.observer import PipelineObserver
+from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service.wiring import (
+    build_checkpoints,
+    build_sink,
+    event_builder,
+    object_decoder,
+    resource_fingerprinter,
+    resource_id,
+)
 from bridge.sinks.base import Sink
-from bridge.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
-from bridge.views import fingerprinter_for
 
 log = get_logger(__name__)
 
 # After the first sync, how long to wait for its events and commits to land before
-# freezing the heap and returning free pages (bridge/gctune.py).
+# freezing the heap and returning free pages (bridge/service/gctune.py).
 _SETTLE_AFTER_SYNC = 30.0
-
-
-def build_sink(settings: Settings) -> Sink:
-    """The sink the settings ask for (imported lazily: each pulls its own client library)."""
-    kind = settings.sink.kind
-    if kind == "stdout":
-        from bridge.sinks.stdout import StdoutSink
-
-        return StdoutSink()
-    if kind == "nats":
-        from bridge.sinks.nats import NatsSink
-
-        return NatsSink.from_settings(settings.sink.nats)
-    if kind == "kafka":
-        from bridge.sinks.kafka import KafkaSink
-
-        return KafkaSink.from_settings(settings.sink.kafka)
-    raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
-
-
-def build_checkpoints(settings: Settings) -> CheckpointStore:
-    kind = settings.checkpoint.kind
-    if kind == "memory":
-        from bridge.checkpoints.memory import MemoryCheckpointStore
-
-        return MemoryCheckpointStore()
-    if kind == "sqlite":
-        from bridge.checkpoints.sqlite import SqliteCheckpointStore
-
-        return SqliteCheckpointStore(settings.checkpoint.path)
-    if kind == "nats-kv":
-        from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
-
-        # The bucket lives on the sink's NATS: the same credentials and TLS reach it.
-        n = settings.sink.nats
-        return NatsKvCheckpointStore(
-            servers=n.servers,
-            bucket=settings.checkpoint.bucket,
-            credentials=n.credentials,
-            nkey_seed=n.nkey_seed,
-            tls_ca=n.tls.ca if n.tls else None,
-            tls_cert=n.tls.cert if n.tls else None,
-            tls_key=n.tls.key if n.tls else None,
-        )
-    raise ConfigError(
-        f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv"
-    )
-
-
-def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings) -> str:
-    """The checkpoint key of one resource in one scope: readable, and distinct per selector."""
-    rid = f"{info.group or 'core'}/{info.version}/{info.plural}"
-    if namespace:
-        rid += f"@{namespace}"
-    if res.label_selector or res.field_selector:
-        selectors = f"{res.label_selector}|{res.field_selector}".encode()
-        rid += "#" + hashlib.sha256(selectors).hexdigest()[:12]
-    return rid
-
-
-def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
-    """The event builder of one resource; replay uses the same, so its events equal the originals."""
-    return EventBuilder(
-        cluster=settings.cluster.name,
-        group=info.group,
-        version=info.version,
-        kind=info.kind,
-        plural=info.plural,
-        redact_secrets=res.redact_secrets,
-        mask_paths=res.mask_paths,
-        include_old=res.include_old,
-        patch=res.patch,
-        fields=res.fields,
-    )
-
-
-def resource_fingerprinter(res: ResourceSettings) -> Fingerprinter:
-    """What decides a change for one resource (ignoreFields, triggerPaths, fields); replay
-    uses the same, so a replay decides as the live bridge did."""
-    return fingerprinter_for(
-        ignore_fields=res.ignore_fields,
-        trigger=res.trigger_paths,
-        generation_only=res.generation_only,
-        fields=res.fields,
-        label=res.gvk,
-    )
-
-
-def object_decoder(
-    fingerprinter: Fingerprinter, builder: EventBuilder, filter: Filter | None
-) -> ObjectDecoder | None:
-    """How one resource decodes objects: only the top-level keys its fingerprint, events
-    and filter read are parsed, the rest stays the server's bytes (bridge/kube/rawjson.py);
-    None when something reads whole objects. Replay decodes the same way, so its
-    fingerprints agree with the live bridge's."""
-    keys: frozenset[str] = frozenset()
-    for reader in (fingerprinter, builder, filter):
-        if reader is None:
-            continue
-        reads = reader.reads()
-        if reads is None:
-            return None
-        keys |= reads
-    return ObjectDecoder(keys)
 
 
 def default_identity() -> str:

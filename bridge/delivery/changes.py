@@ -219,7 +219,7 @@ class Fingerprinter:
         return fp
 
 
-# Digest states, as stored in checkpoints (write-ahead, see bridge/outbox.py).
+# Digest states, as stored in checkpoints (write-ahead, see bridge/delivery/outbox.py).
 CERTAIN = ""  # the event for this state was acknowledged by the bus
 UNCERTAIN = "u"  # an event for this state may have reached the bus; not acknowledged
 DELETING = "d"  # a delete of this uid may have reached the bus; not acknowledged
@@ -249,7 +249,7 @@ class ChangeKind(StrEnum):
     ADDED = "added"
     MODIFIED = "modified"
     DELETED = "deleted"
-    # The object left the resource's filter (bridge/filters.py): delete-like for
+    # The object left the resource's filter (bridge/delivery/filters.py): delete-like for
     # consumers, though the object still exists.
     FILTERED = "filtered"
 

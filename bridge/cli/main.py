@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from bridge import __version__
-from bridge.argtypes import OneLineParser, non_negative_float, non_negative_int, positive_float
+from bridge.cli.argtypes import OneLineParser, non_negative_float, non_negative_int, positive_float
+from bridge.cli.stdio import EXIT_BROKEN_PIPE, discard_stdout
 from bridge.errors import BridgeError, ConfigError
-from bridge.stdio import EXIT_BROKEN_PIPE, discard_stdout
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -131,9 +131,9 @@ def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from bridge.app import BridgeApp
     from bridge.logging import configure_logging
-    from bridge.settings import load_settings
+    from bridge.service.app import BridgeApp
+    from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     configure_logging(settings.logging.format, settings.logging.level)
@@ -146,7 +146,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from bridge.settings import load_settings, settings_json_schema
+    from bridge.service.settings import load_settings, settings_json_schema
 
     if args.config_command == "schema":
         sys.stdout.write(orjson.dumps(settings_json_schema(), option=orjson.OPT_INDENT_2).decode())
@@ -161,17 +161,17 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from bridge.check import run_checks
-    from bridge.settings import load_settings
+    from bridge.cli.check import run_checks
+    from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     return asyncio.run(run_checks(settings, sys.stdout))
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from bridge.cli.replay import replay
     from bridge.logging import configure_logging
-    from bridge.replay import replay
-    from bridge.settings import load_settings
+    from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     configure_logging(settings.logging.format, settings.logging.level)
@@ -183,8 +183,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from bridge.settings import load_settings
-    from bridge.snapshot import request_snapshot, summary
+    from bridge.cli.snapshot import request_snapshot, summary
+    from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     body = asyncio.run(
@@ -197,9 +197,9 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from bridge.consumer import tail
+    from bridge.cli.tail import tail
     from bridge.logging import configure_logging
-    from bridge.settings import load_settings
+    from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     # Logs go to stderr: stdout carries only the events.
@@ -220,7 +220,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from bridge.demo import run_demo
+    from bridge.cli.demo import run_demo
 
     return run_until_signal(lambda stop: run_demo(args, stop, sys.stdout))
 
@@ -267,7 +267,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

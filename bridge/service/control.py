@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from bridge.kube.review import AccessReviewer, Decision, JsonRequester
-from bridge.settings import ServerSettings
+from bridge.service.settings import ServerSettings
 
 # The request the SubjectAccessReview asks about: as the API server names a
 # non-resource request (path, lowercased method), so RBAC grants it with

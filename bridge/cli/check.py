@@ -13,7 +13,7 @@ from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.protocols import ListOptions
-from bridge.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -261,7 +261,7 @@ def _check_heartbeat(
     report: _Report,
 ) -> None:
     """Where the resource's heartbeats go, and whether the NATS stream stores them."""
-    from bridge.heartbeat import HeartbeatTarget
+    from bridge.delivery.heartbeat import HeartbeatTarget
 
     what = f"resource {res.api_version}/{res.kind} heartbeat"
     every = f"every {res.heartbeat_interval:g}s"
@@ -289,7 +289,7 @@ def _check_heartbeat(
 
 
 async def _check_sink(settings: Settings, report: _Report, timeout: float) -> None:
-    from bridge.app import build_sink
+    from bridge.service.wiring import build_sink
 
     sink = build_sink(settings)
     what = f"sink {settings.sink.kind}"
@@ -353,7 +353,7 @@ async def _check_checkpoints(settings: Settings, report: _Report) -> None:
 
 
 def _checkpoint_store(settings: Settings, holder: str | None) -> CheckpointStore:
-    from bridge.app import build_checkpoints
+    from bridge.service.wiring import build_checkpoints
 
     if holder is None:
         return build_checkpoints(settings)

@@ -29,9 +29,16 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from bridge.changes import Change, ChangeKind, PathNode, compile_paths, top_keys, transform_paths
+from bridge.delivery.changes import (
+    Change,
+    ChangeKind,
+    PathNode,
+    compile_paths,
+    top_keys,
+    transform_paths,
+)
+from bridge.delivery.views import compile_projection, select
 from bridge.kube.objects import RawObject, meta
-from bridge.views import compile_projection, select
 
 REDACTED = "<redacted>"
 # kubectl apply keeps the whole applied manifest here, Secret values included.

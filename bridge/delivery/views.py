@@ -12,7 +12,7 @@ Putting the choice into the fingerprint, rather than into a filter after it,
 keeps one definition of "changed" for the live watch, the slim cache, the
 checkpoint digests and the restart diff: all of them compare fingerprints.
 
-Paths are the dotted paths of ``ignoreFields`` (bridge/changes.py): a key
+Paths are the dotted paths of ``ignoreFields`` (bridge/delivery/changes.py): a key
 segment on a list applies to every element, ``name[N]`` picks one element.
 They are compiled once, when the resource is configured.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from bridge.changes import (
+from bridge.delivery.changes import (
     Fingerprinter,
     PathNode,
     _parse,

@@ -13,7 +13,7 @@ id of its own run (``{id}:replay:{run}``): the originals, or an earlier
 replay, are still inside JetStream's duplicate window when someone replays,
 and the stream would otherwise drop every copy and replay would claim
 changes nobody received. The count printed is what the bus kept (see
-``bridge.stored``).
+``bridge.cli.stored``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from bridge.app import (
+from bridge.checkpoints.base import Checkpoint, CheckpointStore
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.cli.stored import AckedCounter, JetStreamCounter, StoredCounter
+from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, object_from_digest
+from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error
+from bridge.kube.client import KubeClient
+from bridge.kube.discovery import Discovery, ResourceInfo
+from bridge.kube.listwatch import ListWatch
+from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
+from bridge.kube.protocols import ListOptions, WatchOptions
+from bridge.logging import get_logger
+from bridge.service.configured import find_resource, pick_namespace
+from bridge.service.settings import Settings
+from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
     event_builder,
@@ -34,22 +49,7 @@ from bridge.app import (
     resource_fingerprinter,
     resource_id,
 )
-from bridge.changes import Change, ChangeDetector, ChangeKind, object_from_digest
-from bridge.checkpoints.base import Checkpoint, CheckpointStore
-from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.configured import find_resource, pick_namespace
-from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error
-from bridge.events import Event, EventBuilder
-from bridge.filters import Filter
-from bridge.kube.client import KubeClient
-from bridge.kube.discovery import Discovery, ResourceInfo
-from bridge.kube.listwatch import ListWatch
-from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
-from bridge.kube.protocols import ListOptions, WatchOptions
-from bridge.logging import get_logger
-from bridge.settings import Settings
 from bridge.sinks.base import Sink
-from bridge.stored import AckedCounter, JetStreamCounter, StoredCounter
 
 log = get_logger(__name__)
 
@@ -223,7 +223,7 @@ async def _list_all(lw: ListWatch, options: ListOptions) -> tuple[list[RawObject
 
 class _View:
     """A resource's filter as the running bridge applies it: which objects are in view
-    (published), and what entering or leaving it publishes (see bridge/filters.py)."""
+    (published), and what entering or leaving it publishes (see bridge/delivery/filters.py)."""
 
     def __init__(self, filter: Filter | None) -> None:
         self.filter = filter

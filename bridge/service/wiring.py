@@ -1,0 +1,122 @@
+"""Components from settings: the one place the service, ``replay``, ``check`` and the
+benchmarks build sinks, checkpoint stores, event builders and decoders from, so each
+command decides, encodes and names things exactly as the running bridge does."""
+
+from __future__ import annotations
+
+import hashlib
+
+from bridge.checkpoints.base import CheckpointStore
+from bridge.delivery.changes import Fingerprinter
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.filters import Filter
+from bridge.delivery.views import fingerprinter_for
+from bridge.errors import ConfigError
+from bridge.kube.discovery import ResourceInfo
+from bridge.kube.rawjson import ObjectDecoder
+from bridge.service.settings import ResourceSettings, Settings
+from bridge.sinks.base import Sink
+
+
+def build_sink(settings: Settings) -> Sink:
+    """The sink the settings ask for (imported lazily: each pulls its own client library)."""
+    kind = settings.sink.kind
+    if kind == "stdout":
+        from bridge.sinks.stdout import StdoutSink
+
+        return StdoutSink()
+    if kind == "nats":
+        from bridge.sinks.nats import NatsSink
+
+        return NatsSink.from_settings(settings.sink.nats)
+    if kind == "kafka":
+        from bridge.sinks.kafka import KafkaSink
+
+        return KafkaSink.from_settings(settings.sink.kafka)
+    raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
+
+
+def build_checkpoints(settings: Settings) -> CheckpointStore:
+    kind = settings.checkpoint.kind
+    if kind == "memory":
+        from bridge.checkpoints.memory import MemoryCheckpointStore
+
+        return MemoryCheckpointStore()
+    if kind == "sqlite":
+        from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+        return SqliteCheckpointStore(settings.checkpoint.path)
+    if kind == "nats-kv":
+        from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
+
+        # The bucket lives on the sink's NATS: the same credentials and TLS reach it.
+        n = settings.sink.nats
+        return NatsKvCheckpointStore(
+            servers=n.servers,
+            bucket=settings.checkpoint.bucket,
+            credentials=n.credentials,
+            nkey_seed=n.nkey_seed,
+            tls_ca=n.tls.ca if n.tls else None,
+            tls_cert=n.tls.cert if n.tls else None,
+            tls_key=n.tls.key if n.tls else None,
+        )
+    raise ConfigError(
+        f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv"
+    )
+
+
+def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings) -> str:
+    """The checkpoint key of one resource in one scope: readable, and distinct per selector."""
+    rid = f"{info.group or 'core'}/{info.version}/{info.plural}"
+    if namespace:
+        rid += f"@{namespace}"
+    if res.label_selector or res.field_selector:
+        selectors = f"{res.label_selector}|{res.field_selector}".encode()
+        rid += "#" + hashlib.sha256(selectors).hexdigest()[:12]
+    return rid
+
+
+def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
+    """The event builder of one resource; replay uses the same, so its events equal the originals."""
+    return EventBuilder(
+        cluster=settings.cluster.name,
+        group=info.group,
+        version=info.version,
+        kind=info.kind,
+        plural=info.plural,
+        redact_secrets=res.redact_secrets,
+        mask_paths=res.mask_paths,
+        include_old=res.include_old,
+        patch=res.patch,
+        fields=res.fields,
+    )
+
+
+def resource_fingerprinter(res: ResourceSettings) -> Fingerprinter:
+    """What decides a change for one resource (ignoreFields, triggerPaths, fields); replay
+    uses the same, so a replay decides as the live bridge did."""
+    return fingerprinter_for(
+        ignore_fields=res.ignore_fields,
+        trigger=res.trigger_paths,
+        generation_only=res.generation_only,
+        fields=res.fields,
+        label=res.gvk,
+    )
+
+
+def object_decoder(
+    fingerprinter: Fingerprinter, builder: EventBuilder, filter: Filter | None
+) -> ObjectDecoder | None:
+    """How one resource decodes objects: only the top-level keys its fingerprint, events
+    and filter read are parsed, the rest stays the server's bytes (bridge/kube/rawjson.py);
+    None when something reads whole objects. Replay decodes the same way, so its
+    fingerprints agree with the live bridge's."""
+    keys: frozenset[str] = frozenset()
+    for reader in (fingerprinter, builder, filter):
+        if reader is None:
+            continue
+        reads = reader.reads()
+        if reads is None:
+            return None
+        keys |= reads
+    return ObjectDecoder(keys)
