@@ -626,6 +626,8 @@ class Emulator:
             continue_token=cont,
             exact_rv=exact,
         )
+        if not rv_raw and not cont:
+            self.store.caught_up(res)
         meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
         if token:
             meta["continue"] = token
@@ -694,6 +696,8 @@ class Emulator:
                 # so in the stream, as it says every failure after the request was read.
                 return await self._error_event(request, status.too_large_rv(asked, store.rv))
             items, _, _, _ = store.list_objects(res, target.namespace, matcher)
+            if initial_events and not rv_raw:
+                store.caught_up(res)  # a streaming list from "" is a consistent read
             # Encoded as they are written; the watcher is registered below with no await
             # in between, so every later change queues behind this snapshot.
             # The end of the initial events is marked only for a watch that takes bookmarks.
@@ -841,6 +845,10 @@ class Emulator:
             return watcher.encode("BOOKMARK", {"metadata": obj["metadata"]})
         return encode_event("BOOKMARK", obj)
 
+    def _bookmark_rv(self, watcher: Watcher, last_rv: int) -> int:
+        # What the resource's watch cache has seen: not the changes to other kinds.
+        return max(last_rv, self.store.seen_rv.get(watcher.res, 0))
+
     def _next_bookmark(self, now: float, deadline: float) -> float | None:
         """When the next bookmark is due, as the watch cache schedules them: every
         interval (a minute on the real server) and 2 s before the watch's deadline,
@@ -876,7 +884,9 @@ class Emulator:
                             line = (
                                 watcher.pending[0][1]
                                 if watcher.pending
-                                else self._bookmark_line(watcher, max(last_rv, self.store.rv))
+                                else self._bookmark_line(
+                                    watcher, self._bookmark_rv(watcher, last_rv)
+                                )
                             )
                         await resp.write(line[: max(1, len(line) // 2)])
                     self._abort(request)
@@ -903,7 +913,7 @@ class Emulator:
                     if now >= deadline:
                         break
                     if bookmarks and next_bookmark is not None and now >= next_bookmark:
-                        last_rv = max(last_rv, self.store.rv)
+                        last_rv = self._bookmark_rv(watcher, last_rv)
                         next_bookmark = self._next_bookmark(now, deadline)
                         if last_rv > floor:
                             await resp.write(self._bookmark_line(watcher, last_rv))

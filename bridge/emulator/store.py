@@ -157,6 +157,9 @@ class Store:
         self.compacted_rv = 0
         self.watchers: dict[ResourceType, set[Watcher]] = {}
         self._sorted: dict[ResourceType, list[Key]] = {}
+        # Per resource, the newest version its watch cache has seen (what its bookmarks
+        # carry): its own events, and the global version after a consistent read.
+        self.seen_rv: dict[ResourceType, int] = {}
 
     # -- reading ---------------------------------------------------------------
 
@@ -261,7 +264,12 @@ class Store:
         self.rv += 1
         return self.rv
 
+    def caught_up(self, res: ResourceType) -> None:
+        """A consistent read of ``res``: its cache asked for progress and reached now."""
+        self.seen_rv[res] = self.rv
+
     def _emit(self, rec: EventRecord) -> None:
+        self.seen_rv[rec.res] = rec.rv
         self.history.append(rec)
         if self.history_limit is not None:
             while len(self.history) > self.history_limit:

@@ -56,7 +56,11 @@ class Api:
         meta: Body = {"name": name, "namespace": self.namespace}
         if labels:
             meta["labels"] = labels
-        obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": name}}
+        return self.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": name}}
+        )
+
+    def create(self, obj: Body) -> Body:
         if self.emulator is not None:
             return self.emulator.create(obj)
         assert self.cluster is not None
@@ -463,6 +467,14 @@ async def test_bookmarks_only_when_asked_past_the_start_and_before_the_timeout(a
     params = {"resourceVersion": str(start), "timeoutSeconds": "4"}
     async with watch(api, api.cm_path(), allowWatchBookmarks="true", **params) as w:
         b = api.create_cm("b")
+        # Another kind changes: the ConfigMaps' watch cache does not see it.
+        other = api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "s", "namespace": api.namespace},
+            }
+        )
         events = await w.until_close()
     params = {"resourceVersion": str(rv_of(b)), "timeoutSeconds": "1"}
     async with watch(api, api.cm_path(), **params) as w:
@@ -485,7 +497,7 @@ async def test_bookmarks_only_when_asked_past_the_start_and_before_the_timeout(a
     assert 0.5 <= first_at <= 3.8, first_at
     obj = first["object"]
     assert (obj["kind"], obj["apiVersion"]) == ("ConfigMap", "v1")
-    assert rv_of(obj) >= rv_of(events[0][1]["object"])
+    assert rv_of(b) <= rv_of(obj) < rv_of(other)
     assert set(obj["metadata"]) == {"resourceVersion"}
     assert [e["type"] for _, e in plain] == ["ADDED"]
     assert quiet == []
