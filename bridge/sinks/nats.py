@@ -1,36 +1,30 @@
-"""NATS JetStream sink, with a pipelined publish path.
+"""NATS JetStream sink, with a pipelined publish on nats-py's public API.
 
 nats-py's ``js.publish`` sends one message and awaits its PubAck before the
 next: one round trip per event, a few thousand events/s. Here messages go out
-as plain core-NATS publishes whose reply subjects live under one inbox
-subscription; JetStream answers each with a PubAck on its reply subject, and
-the acks of a batch are matched in bulk (one counter and one wake-up per
-batch, no future per message). A bounded window of unacknowledged messages
-keeps memory and the server's pending queue in check.
+as plain core-NATS publishes (``nc.publish`` with a reply subject) under one
+inbox subscription of the publisher's own; JetStream answers each with a
+PubAck on its reply subject. A bounded window of unacknowledged messages keeps
+memory and the server's pending queue in check.
+
+nats-py's ``js.publish_async`` pipelines too, but gives a future per message
+that never times out and is not failed by a disconnect; the batch here knows
+which message is the first without an answer, which is what a retry needs.
 
 Order per subject: one connection delivers in order and JetStream stores in
 arrival order. A batch that is not fully acknowledged (timeout, error,
 disconnect) is resent from its first unacknowledged message onwards, in the
 original order; messages that did land are dropped by the stream's duplicate
 window, as each carries ``Nats-Msg-Id`` = event id.
-
-Both shortcuts (``_send``, ``_take_acks``) reach into nats-py's private parts.
-``JetStreamPublisher.start`` checks they are all there and shaped as expected
-(``_fast_path_fits``); a nats-py that reshaped them gets its public API
-instead (``publish`` per message, a subscription callback per ack): slower,
-never wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import inspect
 import logging
 import re
 import ssl
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +50,11 @@ MSG_ID = "Nats-Msg-Id"
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
 _NO_STREAM = "no responders"
-# Where nats-py's public Msg keeps the status of a header block (``NATS/1.0 503``).
+# Where nats-py's Msg keeps the status of a header block (``NATS/1.0 503``).
 _STATUS = "Status"
-# Frames are written to the socket in pieces of about this size (``_send``): below
-# glibc's mmap threshold as the bridge sets it (bridge/service/runtime.py).
-WRITE_PIECE = 64 << 10
+_NOT_IN_SUBJECT = re.compile(r"\s")
+# Below nats-py's default ``pending_size`` (2 MB), past which a publish waits on its flusher.
+_FLUSH_EVERY = 1 << 20
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]
 
@@ -106,27 +100,13 @@ class JetStreamPublisher:
         self._seq = 0
         self._window_open = asyncio.Event()
         self._window_open.set()
-        self._fast = True  # decided by ``start``
 
     async def start(self) -> None:
         nc = self._nc
         self._inbox = nc.new_inbox()
-        # With the fallback's callback either way: whether the fast path fits is
-        # known only once the subscription (its private sid) exists.
-        self._sub = sub = await nc.subscribe(
+        self._sub = await nc.subscribe(
             self._inbox + ".*", cb=self._ack_msg, pending_msgs_limit=self._max_in_flight * 4
         )
-        self._fast = _fast_path_fits(nc, sub)
-        if self._fast:
-            # The callback never runs: ``_take_acks`` takes this subscription's
-            # messages off the connection's read loop before nats-py sees them.
-            _take_acks(nc, sub._id, self._ack, self._inbox + ".", self._settle)
-        else:
-            log.warning(
-                "nats-py %s: its internals differ from the ones the fast publish path"
-                " was built for; publishing through its public API (slower)",
-                _nats_py_version(),
-            )
 
     async def stop(self) -> None:
         self.fail_all("publisher stopped")
@@ -145,30 +125,23 @@ class JetStreamPublisher:
         self._pending.clear()
         self._window_open.set()
 
-    def _ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
-        """One PubAck (or error) off the read loop: settles its message of a batch."""
+    async def _ack_msg(self, msg: Msg) -> None:
+        """One PubAck (or error) on the inbox: settles its message of a batch."""
         try:
-            token = int(subject.rpartition(b".")[2])
+            token = int(msg.subject.rpartition(".")[2])
         except ValueError:
             return
-        self._settle(token, data, headers)
-
-    async def _ack_msg(self, msg: Msg) -> None:
-        """One PubAck (or error) as nats-py's public API hands it over: the fallback's."""
         status = msg.headers.get(_STATUS) if msg.headers else None
-        # ``_settle`` reads a status from the raw header block the fast path sees.
-        self._ack(
-            msg.subject.encode(), msg.data, b"NATS/1.0 %b\r\n" % status.encode() if status else None
-        )
+        self._settle(token, msg.data, status)
 
-    def _settle(self, token: int, data: bytes, headers: bytes | None = None) -> None:
+    def _settle(self, token: int, data: bytes, status: str | None = None) -> None:
         """The answer to the message sent with reply token ``token``."""
         entry = self._pending.pop(token, None)
         if entry is None:
             return  # a late ack of a batch that already gave up
         batch, index = entry
         error: str | None = None
-        if headers and _status(headers) == b"503":
+        if status == "503":
             error = "no responders: no stream stores this subject"
         elif not data:
             error = "empty PubAck"
@@ -200,12 +173,12 @@ class JetStreamPublisher:
         batch = _Batch(remaining=len(messages), acked=[False] * len(messages))
         if not messages:
             return batch
+        nc = self._nc
         pending = self._pending
         prefix = self._inbox + "."
         tokens: list[int] = []
         total = len(messages)
         index = 0
-        max_payload = self._nc.max_payload
         try:
             while index < total and batch.transport_error is None:
                 room = self._max_in_flight - len(pending)
@@ -214,27 +187,31 @@ class JetStreamPublisher:
                     async with asyncio.timeout(self._ack_timeout):
                         await self._window_open.wait()
                     continue
-                # Everything the window allows goes out as one write: the
-                # protocol frames are built here, queued together and flushed once.
                 end = min(total, index + room)
-                frames: list[bytes] = []
-                for i in range(index, end):
-                    subject, payload, headers = messages[i]
-                    if len(payload) > max_payload:
-                        raise nats.errors.MaxPayloadError(
-                            f"message {i} is {len(payload)} bytes; the server takes {max_payload}"
+                # A message nats-py would refuse stops its window before any of it
+                # leaves: a refusal half-way would leave a gap in the order.
+                _check_window(messages, index, end, nc.max_payload)
+                queued = 0
+                async with asyncio.timeout(self._ack_timeout):
+                    for i in range(index, end):
+                        subject, payload, headers = messages[i]
+                        self._seq += 1
+                        token = self._seq
+                        pending[token] = (batch, i)
+                        tokens.append(token)
+                        await nc.publish(
+                            subject, payload, reply=prefix + str(token), headers=headers
                         )
-                    self._seq += 1
-                    token = self._seq
-                    pending[token] = (batch, i)
-                    tokens.append(token)
-                    frames.append(_frame(subject, prefix + str(token), payload, headers))
-                if self._fast:
-                    await self._send(frames)
-                else:
-                    # ``_frame`` checked each message as the fast path does; nats-py
-                    # encodes them again.
-                    await self._publish_each(messages[index:end], prefix, tokens[index - end :])
+                        queued += len(payload)
+                        if queued >= _FLUSH_EVERY:
+                            # nats-py queues what ``publish`` gets and its flusher task
+                            # writes it once it runs; past ``pending_size`` each publish
+                            # waits for that flusher, which a disconnect may leave
+                            # waiting. Letting it run keeps the queue below that.
+                            queued = 0
+                            await asyncio.sleep(0)
+                        if batch.transport_error is not None:
+                            break  # a disconnect: the retry resends from here
                 index = end
             if batch.transport_error is None:
                 async with asyncio.timeout(self._ack_timeout):
@@ -254,272 +231,34 @@ class JetStreamPublisher:
             raise PublishTimeout(batch.transport_error, batch)
         return batch
 
-    async def _publish_each(
-        self, messages: Sequence[Outgoing], prefix: str, tokens: list[int]
-    ) -> None:
-        """The fallback's ``_send``: nats-py's own publish, one message after the other."""
-        publish = self._nc.publish
-        for (subject, payload, headers), token in zip(messages, tokens, strict=True):
-            await publish(subject, payload, reply=prefix + str(token), headers=headers or None)
 
-    async def _send(self, frames: list[bytes]) -> None:
-        """Hand ready-made PUB/HPUB frames to the connection, in order.
-
-        nats-py offers no batch publish: ``publish`` re-encodes headers and
-        queues one frame per await. Its outgoing queue (``_pending``, flushed by
-        its flusher task, buffered while reconnecting) is where each of those
-        frames ends up. While that queue is empty, everything queued before
-        these frames is already with the socket, so they go to the socket too,
-        in pieces below ``WRITE_PIECE``: the flusher joins its whole queue into
-        one buffer (1.4 MB for a batch of 500 pods), which on Python 3.11 is
-        freshly mapped memory each time, 0.8 ms of page faults per batch.
-        Otherwise (reconnecting, or frames still queued) they join the queue,
-        with nats-py's own checks.
-        """
-        nc = self._nc
-        if nc.is_closed:
-            raise nats.errors.ConnectionClosedError
-        size = sum(map(len, frames))
-        transport = nc._transport
-        if nc.is_connected and not nc._pending and transport is not None:
-            nc.stats["out_msgs"] += len(frames)
-            nc.stats["out_bytes"] += size
-            piece: list[bytes] = []
-            piece_size = 0
-            try:
-                for frame in frames:
-                    piece.append(frame)
-                    piece_size += len(frame)
-                    if piece_size >= WRITE_PIECE:
-                        transport.write(b"".join(piece))
-                        piece, piece_size = [], 0
-                if piece:
-                    transport.write(b"".join(piece))
-                # As the flusher does after a write: wait while the socket is backed up.
-                await transport.drain()
-            except OSError as exc:
-                # The connection broke under the write: nats-py reconnects, and the
-                # batch is resent from its first unacknowledged message.
-                raise nats.errors.UnexpectedEOF() from exc
-            return
-        if not nc.is_connected and (
-            nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size
-        ):
-            raise nats.errors.OutboundBufferLimitError
-        nc._pending.extend(frames)
-        nc._pending_data_size += size
-        nc.stats["out_msgs"] += len(frames)
-        nc.stats["out_bytes"] += size
-        # As nats-py's own publish: one kick of the flusher covers whatever is queued.
-        if nc._flush_queue is not None and nc._flush_queue.empty():
-            await nc._flush_pending()
-
-
-_CRLF = b"\r\n"
-_HEADER_LINE = b"NATS/1.0\r\n"
-_NOT_IN_SUBJECT = re.compile(r"[\s]")
-_NOT_IN_HEADER = re.compile(r"[\r\n]")
-
-
-def _frame(subject: str, reply: str, payload: bytes, headers: dict[str, str] | None) -> bytes:
-    """One NATS protocol frame: ``PUB`` or, with headers, ``HPUB`` (NATS/1.0 header block)."""
-    if not subject or _NOT_IN_SUBJECT.search(subject):
-        raise nats.errors.BadSubjectError(f"invalid subject {subject!r}")
-    if not headers:
-        head = f"PUB {subject} {reply} {len(payload)}\r\n".encode()
-        return b"".join((head, payload, _CRLF))
-    if len(headers) == 1 and MSG_ID in headers:
-        # Every event's frame: one known header, its value cleaned as below. A third
-        # of the general path's cost, paid per event.
-        value = headers[MSG_ID].strip()
-        if "\r" in value or "\n" in value:
-            value = _NOT_IN_HEADER.sub(" ", value)
-        block = f"NATS/1.0\r\n{MSG_ID}: {value}\r\n\r\n".encode()
-    else:
-        parts = [_HEADER_LINE]
-        for key, value in headers.items():
-            if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:
-                raise nats.errors.BadHeaderError(key)
-            parts.append(f"{key}: {_NOT_IN_HEADER.sub(' ', value.strip())}\r\n".encode())
-        parts.append(_CRLF)
-        block = b"".join(parts)
-    size = len(block)
-    head = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
-    return b"".join((head, block, payload, _CRLF))
-
-
-AckHandler = Callable[[bytes, bytes, "bytes | None"], None]
-Settle = Callable[[int, bytes], None]
-
-# nats-py's parser (nats/protocol/parser.py): its state between messages, and the
-# longest control line it waits for before it calls the stream broken.
-_AWAITING_CONTROL_LINE = 1
-_MAX_CONTROL_LINE = 4096
-
-
-def _take_acks(nc: Client, sid: int, on_ack: AckHandler, inbox: str, settle: Settle) -> None:
-    """Hand the messages of subscription ``sid`` to ``on_ack`` straight from the
-    connection's read loop: raw subject, payload and header block; and the plain
-    ones, PubAcks to ``inbox`` + token, to ``settle(token, payload)`` straight from
-    the bytes read.
-
-    nats-py makes each message a ``Msg`` (its headers parsed into a dict), puts
-    it on the subscription's queue and wakes a task per message to await the
-    callback: ~9% of the bridge's CPU during a burst went to acks that need one
-    dict lookup each. The parser hands every message to the client's
-    ``_process_msg``; this wraps it, for this one sid (as ``_send`` feeds the
-    client's outgoing queue directly). Even so, the parser's own work per
-    message (a regex per operation tried, a buffer copied in and cut, a
-    coroutine per message) was 6% of the loop's time in a burst, so a read that
-    holds acks is taken here first (``_parse_acks``).
-    """
-    process = nc._process_msg
-
-    # ``headers`` is None for a message without a header block, whatever nats-py declares.
-    async def _process_msg(
-        msg_sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
-    ) -> None:
-        if msg_sid != sid:
-            await process(msg_sid, subject, reply, data, headers)
-            return
-        stats = nc.stats
-        stats["in_msgs"] += 1
-        stats["in_bytes"] += len(data)
-        on_ack(subject, data, headers)
-
-    nc._process_msg = _process_msg  # type: ignore[method-assign,assignment]
-
-    parser = nc._ps
-    parse = parser.parse
-    # nats-server writes an empty reply field: two spaces between the sid and the size.
-    ack = re.compile(rb"MSG %s(\d+) %d +(\d+)\r\n" % (re.escape(inbox.encode()), sid))
-
-    async def _parse_acks(data: bytes = b"") -> None:
-        if parser.state != _AWAITING_CONTROL_LINE:
-            await parse(data)  # inside a message nats-py started: its own to finish
-            return
-        if parser.buf:
-            # The start of a message a previous read cut off.
-            data = bytes(parser.buf) + data
-            parser.buf.clear()
-        rest, cut = _parse_acks_in(data, ack, settle, nc.stats)
-        if cut:
-            parser.buf.extend(rest)  # kept, as nats-py keeps it, for the next read
-        elif rest:
-            await parse(rest)
-
-    parser.parse = _parse_acks  # type: ignore[method-assign]
-
-
-def _parse_acks_in(
-    data: bytes, ack: re.Pattern[bytes], settle: Settle, stats: dict[str, int]
-) -> tuple[bytes, bool]:
-    """Settle the plain acks at the start of ``data``, in order. Returns what follows
-    the last one, and whether it is the start of an operation cut off at the end of
-    the read (to keep for the next) rather than an operation that is not a plain ack
-    (for nats-py to parse, with everything after it in this read)."""
-    match = ack.match
-    pos, end = 0, len(data)
-    taken = size_taken = 0
-    cut = False
-    while pos < end:
-        m = match(data, pos)
-        if m is None:
-            # No whole control line yet: cut off, whatever operation it starts.
-            cut = end - pos < _MAX_CONTROL_LINE and data.find(b"\r\n", pos) < 0
-            break
-        start = m.end()
-        stop = start + int(m.group(2))
-        if stop + 2 > end:
-            cut = True  # the payload is still on its way
-            break
-        settle(int(m.group(1)), data[start:stop])
-        taken += 1
-        size_taken += stop - start
-        pos = stop + 2
-    stats["in_msgs"] += taken
-    stats["in_bytes"] += size_taken
-    return (data[pos:] if pos else data), cut
-
-
-def _fast_path_fits(nc: Client, sub: Subscription) -> bool:
-    """Whether every private part of nats-py that ``_send``, ``_take_acks`` and
-    ``_drop_queued`` use is there and shaped as they expect.
-
-    nats-py promises none of them: a release that renames one would make the
-    fast path fail at run time, or, worse, misread the stream (a parser state
-    renumbered). Checked once per connection, before any of them is used.
-    """
-    try:
-        parser = nc._ps
-        transport = nc._transport
-        flush_queue = nc._flush_queue
-        return (
-            isinstance(nc._pending, list)
-            and type(nc._pending_data_size) is int
-            and type(nc._max_pending_size) is int
-            and inspect.iscoroutinefunction(nc._flush_pending)
-            and (flush_queue is None or callable(flush_queue.empty))
-            and (
-                transport is None
-                or (callable(transport.write) and inspect.iscoroutinefunction(transport.drain))
+def _check_window(messages: Sequence[Outgoing], start: int, end: int, max_payload: int) -> None:
+    """Raise what ``nc.publish`` would raise for one of ``messages[start:end]``."""
+    for i in range(start, end):
+        subject, payload, headers = messages[i]
+        if not subject or _NOT_IN_SUBJECT.search(subject):
+            raise nats.errors.BadSubjectError(f"invalid subject {subject!r}")
+        if len(payload) > max_payload:
+            raise nats.errors.MaxPayloadError(
+                f"message {i} is {len(payload)} bytes; the server takes {max_payload}"
             )
-            and all(
-                type(nc.stats.get(k)) is int
-                for k in ("in_msgs", "in_bytes", "out_msgs", "out_bytes")
-            )
-            and _takes_a_message(nc._process_msg)
-            # The parser must reach ``_process_msg`` through this client, where it is wrapped.
-            and parser.nc is nc
-            and inspect.iscoroutinefunction(parser.parse)
-            and isinstance(parser.buf, bytearray)
-            and type(parser.state) is int
-            and _parser_states_fit(parser)
-            and type(sub._id) is int
-        )
-    except Exception:  # whatever a reshaped nats-py raises, the answer is no
-        return False
-
-
-def _takes_a_message(process_msg: Any) -> bool:
-    """``_process_msg(sid, subject, reply, data, headers)``, awaited by the parser."""
-    try:
-        inspect.signature(process_msg).bind(0, b"", b"", b"", None)
-    except (TypeError, ValueError):
-        return False
-    return inspect.iscoroutinefunction(process_msg)
-
-
-def _parser_states_fit(parser: Any) -> bool:
-    """``_take_acks`` reads the parser's state as the number its module gives "between
-    messages"; a module that names no such state is judged by the rest of the check."""
-    module = sys.modules.get(type(parser).__module__)
-    state = getattr(module, "AWAITING_CONTROL_LINE", _AWAITING_CONTROL_LINE)
-    return state == _AWAITING_CONTROL_LINE
-
-
-def _nats_py_version() -> str:
-    try:
-        return importlib.metadata.version("nats-py")
-    except importlib.metadata.PackageNotFoundError:
-        return "(version unknown)"
+        if headers and not (len(headers) == 1 and MSG_ID in headers):
+            for key in headers:
+                if not key or _NOT_IN_SUBJECT.search(key) or ":" in key:
+                    raise nats.errors.BadHeaderError(key)
 
 
 def _drop_queued(nc: Client) -> None:
-    """Empty nats-py's outgoing queue, if it still keeps the one ``_send`` knows.
+    """Empty nats-py's outgoing queue, if it still keeps it where this expects.
 
-    A nats-py that does not would send what it queued after a reconnect: the
-    public API has no way to drop it.
+    nats-py sends what it queued before a disconnect once it reconnects, ahead
+    of the retries of what died with the socket; its public API has no way to
+    drop it. This is the sink's one reach into nats-py's private parts; a
+    nats-py that keeps the queue elsewhere is left alone.
     """
     if isinstance(getattr(nc, "_pending", None), list) and hasattr(nc, "_pending_data_size"):
         nc._pending = []
         nc._pending_data_size = 0
-
-
-def _status(headers: bytes) -> bytes:
-    """The status code of a NATS header block (``NATS/1.0 503`` → ``503``), or b""."""
-    line = headers.split(b"\r\n", 1)[0]
-    return line[9:12] if line.startswith(b"NATS/1.0 ") else b""
 
 
 def _transient(error: str) -> bool:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
-import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,11 +15,10 @@ import pytest
 from cloudevents.v1.http import from_json
 from nats.aio.client import Client
 
-import bridge.sinks.nats
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.sinks.nats import MSG_ID, WRITE_PIECE, JetStreamPublisher, NatsSink
+from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
 from tests.fixtures.nats import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -63,29 +60,11 @@ async def client(nats_server: str) -> AsyncIterator[Client]:
     await nc.close()
 
 
-@pytest.fixture(params=["fast", "public"])
-def publish_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each publisher test twice: on the fast path, and as on a nats-py whose
-    internals no longer fit it (only its public API)."""
-    if request.param == "public":
-        monkeypatch.setattr(bridge.sinks.nats, "_fast_path_fits", lambda nc, sub: False)
-        # Nothing that reaches into nats-py may run then.
-        monkeypatch.setattr(bridge.sinks.nats, "_take_acks", _private)
-        monkeypatch.setattr(JetStreamPublisher, "_send", _private)
-    path: str = request.param
-    return path
-
-
-def _private(*args: Any) -> None:
-    raise AssertionError("the public path used nats-py's private parts")
-
-
 def unique_stream() -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
     return f"T{tag}", f"c{tag}"
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_messages_land_with_msg_id_and_subjects_in_order(
     nats_server: str, client: Client
 ) -> None:
@@ -135,7 +114,6 @@ async def test_missing_stream_without_create_is_a_sink_error(nats_server: str) -
         await sink.start()
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_redelivery_with_the_same_id_is_dropped_by_the_duplicate_window(
     nats_server: str, client: Client
 ) -> None:
@@ -154,7 +132,6 @@ async def test_redelivery_with_the_same_id_is_dropped_by_the_duplicate_window(
     assert len({m.headers[MSG_ID] for m in msgs}) == 55
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_subject_not_in_stream_is_rejected_not_lost(nats_server: str) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -182,7 +159,6 @@ async def _wait(predicate: Any, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_server_down_is_unavailable_then_back_publishes(nats_control: NatsServer) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -220,7 +196,6 @@ async def test_server_down_is_unavailable_then_back_publishes(nats_control: Nats
     assert [m.headers[MSG_ID] for m in msgs] == [e.id for e in events]
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsServer) -> None:
     stream, cluster = unique_stream()
     sink = NatsSink(
@@ -244,7 +219,6 @@ async def test_connection_lost_mid_batch_raises_unavailable(nats_control: NatsSe
         await sink.close()
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_batches_larger_than_the_window_land_whole_and_in_order(
     nats_server: str, client: Client
 ) -> None:
@@ -263,7 +237,7 @@ async def test_batches_larger_than_the_window_land_whole_and_in_order(
 
 
 async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
-    nats_server: str, client: Client, publish_path: str
+    nats_server: str, client: Client
 ) -> None:
     """The publisher's own frames: headers (values kept to one line) and header-less messages."""
     stream, cluster = unique_stream()
@@ -271,7 +245,6 @@ async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
     await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
     publisher = JetStreamPublisher(client)
     await publisher.start()
-    assert publisher._fast is (publish_path == "fast")
     try:
         batch = await publisher.publish(
             [
@@ -296,65 +269,46 @@ async def test_frames_carry_headers_and_plain_payloads_byte_for_byte(
 
 
 async def test_a_batch_leaves_after_what_the_connection_queued_before_it_and_whole(
-    nats_server: str, client: Client, publish_path: str
+    nats_server: str, client: Client
 ) -> None:
-    """A batch goes to the socket itself, in pieces, only when nothing is queued on the
-    connection: a message nats-py still holds leaves first, and every piece lands."""
+    """A message nats-py still holds leaves first; batches of many megabytes (past
+    nats-py's pending_size) land whole and in order."""
     stream, cluster = unique_stream()
     js = client.jetstream()
     await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
-    # What reaches nats-py's own parser: the publisher settles plain acks itself.
-    parse, parsed = client._ps.parse, []
-
-    async def counting(data: bytes = b"") -> None:
-        parsed.append(bytes(data))
-        await parse(data)
-
-    client._ps.parse = counting  # type: ignore[method-assign]
     publisher = JetStreamPublisher(client)
     await publisher.start()
-    assert publisher._fast is (publish_path == "fast")
     subject = f"raw.{cluster}.one"
-    payloads = [i.to_bytes(4, "big") * 750 for i in range(400)]  # 3 KB each
-    assert sum(map(len, payloads)) > 10 * WRITE_PIECE
+    payloads = [i.to_bytes(4, "big") * 750 for i in range(1000)]  # 3 KB each
+    assert sum(map(len, payloads)) > client._max_pending_size
     try:
         # Queued by nats-py; its flusher has not run yet.
         await client.publish(subject, b"queued first", headers={MSG_ID: "first"})
-        assert client._pending
+        assert client.pending_data_size
         first = await publisher.publish(
             [(subject, p, {MSG_ID: f"a{i}"}) for i, p in enumerate(payloads)]
         )
-        # Nothing queued now: this one goes to the socket directly.
-        assert not client._pending
         second = await publisher.publish(
             [(subject, p, {MSG_ID: f"b{i}"}) for i, p in enumerate(payloads)]
         )
     finally:
         await publisher.stop()
     assert all(first.acked) and all(second.acked)
-    acks_parsed = sum(d.count(b"MSG _INBOX") for d in parsed)
-    if publish_path == "fast":
-        assert acks_parsed < 40, "acks went through nats-py"
-    else:
-        assert acks_parsed > 700, "acks taken off the read loop"  # a read may cut one
     msgs = await stream_messages(client, stream)
     assert [m.headers[MSG_ID] for m in msgs] == (
-        ["first"] + [f"a{i}" for i in range(400)] + [f"b{i}" for i in range(400)]
+        ["first"] + [f"a{i}" for i in range(1000)] + [f"b{i}" for i in range(1000)]
     )
     assert [m.data for m in msgs] == [b"queued first", *payloads, *payloads]
 
 
-async def test_every_answer_settles_the_same_on_either_path(
-    nats_server: str, client: Client, publish_path: str
-) -> None:
+async def test_every_answer_settles_its_message_in_order(nats_server: str, client: Client) -> None:
     """A PubAck, a duplicate's PubAck, an error PubAck and a 503 (no stream stores the
-    subject): each settles its message, in order, to the same result on both paths."""
+    subject): each settles its message, in order."""
     stream, cluster = unique_stream()
     js = client.jetstream()
     await js.add_stream(name=stream, subjects=[f"raw.{cluster}.>"])
     publisher = JetStreamPublisher(client, max_in_flight=3)
     await publisher.start()
-    assert publisher._fast is (publish_path == "fast")
     subject = f"raw.{cluster}.a"
     try:
         batch = await publisher.publish(
@@ -381,7 +335,7 @@ async def test_every_answer_settles_the_same_on_either_path(
 
 
 async def test_a_message_the_connection_would_refuse_stops_its_window_before_it_leaves(
-    nats_server: str, client: Client, publish_path: str
+    nats_server: str, client: Client
 ) -> None:
     """Over max_payload or with a bad subject, a message raises before any message of
     its window is sent; the publisher goes on with the next batch."""
@@ -407,41 +361,6 @@ async def test_a_message_the_connection_would_refuse_stops_its_window_before_it_
     assert not publisher._pending
 
 
-async def test_the_installed_nats_py_takes_the_fast_path(
-    client: Client, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Else every "fast" test above would quietly test the public path twice."""
-    publisher = JetStreamPublisher(client)
-    with caplog.at_level(logging.WARNING, logger="bridge.sinks.nats"):
-        await publisher.start()
-    try:
-        assert publisher._fast
-        assert "_process_msg" in vars(client) and "parse" in vars(client._ps)
-    finally:
-        await publisher.stop()
-    assert not caplog.records
-
-
-async def test_a_nats_py_that_does_not_fit_is_left_alone_and_said_so(
-    client: Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(bridge.sinks.nats, "_fast_path_fits", lambda nc, sub: False)
-    publisher = JetStreamPublisher(client)
-    with caplog.at_level(logging.WARNING, logger="bridge.sinks.nats"):
-        await publisher.start()
-    try:
-        assert not publisher._fast
-        # Neither the read loop's nor the parser's entry point is wrapped.
-        assert "_process_msg" not in vars(client) and "parse" not in vars(client._ps)
-    finally:
-        await publisher.stop()
-    [record] = caplog.records
-    assert record.levelno == logging.WARNING
-    assert record.getMessage().startswith(f"nats-py {importlib.metadata.version('nats-py')}: ")
-    assert "public API" in record.getMessage()
-
-
-@pytest.mark.usefixtures("publish_path")
 async def test_server_restart_mid_batch_keeps_per_subject_order(nats_control: NatsServer) -> None:
     """A batch cut by a server restart, retried as the pipeline does, lands in order per subject.
 
@@ -496,7 +415,6 @@ def with_payload(event: Event, size: int) -> Event:
     return dataclasses.replace(event, data={**event.data, "object": obj})
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_an_event_over_the_servers_max_payload_is_refused_and_the_rest_land(
     nats_server: str, client: Client
 ) -> None:
@@ -515,7 +433,6 @@ async def test_an_event_over_the_servers_max_payload_is_refused_and_the_rest_lan
     assert [m.headers[MSG_ID] for m in msgs] == [small[0].id, small[2].id]
 
 
-@pytest.mark.usefixtures("publish_path")
 async def test_a_message_the_stream_refuses_is_refused_not_retried(
     nats_server: str, client: Client
 ) -> None:
