@@ -1,4 +1,4 @@
-"""The event model and its CloudEvents 1.0 encoding (DESIGN.md §3).
+"""The event model and its CloudEvents 1.0 encoding (docs/events.md).
 
 One ``Event`` per published change. Its ``id`` comes from the change alone,
 never from what the bridge remembers: ``{uid}:{resourceVersion}`` for an add

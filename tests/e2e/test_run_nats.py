@@ -1,6 +1,6 @@
 """``k8s-bridge run`` as a process, against the emulator over HTTP and a real nats-server.
 
-The guarantees of DESIGN.md §3, end to end: each real change once, in order;
+The guarantees of the README's table, end to end: each real change once, in order;
 nothing for ignored fields, reconnects or restarts; the changes made while the
 bridge was dead (kill -9) — deletes included — after a restart, even when the
 history was compacted meanwhile; nothing lost while the bus was down, and the

@@ -13,7 +13,7 @@ Then the account is taken apart: ``kubectl auth can-i`` under that token must
 allow list/watch of every configured resource and deny everything else the
 bridge does not need; ``k8s-bridge check`` must report every resource ok; and
 once a resource is cut from the Role the chart made, ``check`` and ``run`` must
-say so in the documented lines (README, Exit codes: one line naming the
+say so in the documented lines (docs/operations.md, Exit codes: one line naming the
 resource and the server's reason).
 """
 

@@ -2,7 +2,7 @@
 kube-apiserver and Apache Kafka, the producer at its defaults (acks=all,
 idempotent).
 
-The contract (README "Exit codes", DESIGN "Bad input"): a bus that refuses the
+The contract (docs/operations.md, "Exit codes"): a bus that refuses the
 bridge (a wrong password) stops ``run`` at start with exit 1 and one line
 naming the problem; a bus that cannot take events now (a missing topic, a
 broker down) makes the bridge not-ready while it retries, and the checkpoint

@@ -8,7 +8,7 @@ and its event can be refused twice over: by the bridge before sending, when
 the record is over ``sink.kafka.maxRequestSize`` (1 MiB by default), or by
 Kafka, when it is over the broker's ``message.max.bytes`` (256 KiB here).
 
-Each refused event meets ``poisonPolicy`` as README documents it: ``truncate``
+Each refused event meets ``poisonPolicy`` as the README's guarantee table says: ``truncate``
 publishes the same id with ``data.object`` cut to its metadata and
 ``data.truncated: true``; ``skip`` publishes nothing for it; ``fail`` stops that
 resource (not-ready, naming the object) while the others go on. With truncate

@@ -1,6 +1,6 @@
 """docs/informer-checklist.md and the tests that cite it stay in step.
 
-Every checklist number a test (or the code, or the README) cites is a
+Every checklist number a test (or the code, the README, a page of docs/) cites is a
 statement of the page; every statement names at least one test, by file and
 function, and those exist.
 """
@@ -14,6 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "informer-checklist.md"
 THIS = Path(__file__).resolve()
+# The pages beside the checklist that may cite it.
+PAGES = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md")) if p != DOC)]
 
 STATEMENT = re.compile(r"^### (\d+)\. ", re.M)
 TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
@@ -54,10 +56,10 @@ def numbers_in_name(name: str) -> set[int]:
 
 
 def cited() -> dict[int, set[str]]:
-    """Checklist number → where it is cited (tests, the bridge's code, the README)."""
+    """Checklist number → where it is cited (tests, the bridge's code, the README, docs/)."""
     out: dict[int, set[str]] = {}
     files = [*sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bridge").rglob("*.py"))]
-    for path in [*files, ROOT / "README.md"]:
+    for path in [*files, *PAGES]:
         if path.resolve() == THIS:
             continue
         text = path.read_text()
@@ -114,7 +116,7 @@ def test_nothing_points_at_the_old_file_name() -> None:
     files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bridge").rglob("*.py")]
     stale = [
         str(p.relative_to(ROOT))
-        for p in [*files, ROOT / "README.md"]
+        for p in [*files, *PAGES]
         if p.resolve() != THIS and old in p.read_text()
     ]
     assert stale == []
