@@ -13,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from bridge.cli.main import build_parser
+from bridge.consumer import ReceivedEvent
 from bridge.service.metrics import Metrics
 from bridge.service.settings import load_settings, settings_json_schema
 
@@ -131,3 +132,17 @@ def test_every_link_between_the_pages_lands() -> None:
 def test_the_anchor_rule() -> None:
     assert _anchor("Who may ask: `server.controlAuth`") == "who-may-ask-servercontrolauth"
     assert _anchor("Change triggers and projections") == "change-triggers-and-projections"
+
+
+def test_the_event_examples_are_events_with_the_ids_the_page_states() -> None:
+    blocks = re.findall(r"```json\n(.*?)```", (ROOT / "docs" / "events.md").read_text(), re.S)
+    assert blocks
+    for text in blocks:
+        event = ReceivedEvent.parse(text.encode())
+        if event.type == "io.k8s.bridge.heartbeat":
+            assert event.id.startswith("hb:")
+            continue
+        meta = event.object["metadata"]
+        assert event.id == f"{meta['uid']}:{meta['resourceVersion']}"
+        assert event.resource_version == meta["resourceVersion"]
+        assert event.subject == f"{meta['namespace']}/{meta['name']}"
