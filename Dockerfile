@@ -2,12 +2,15 @@
 # uid 10001 with nothing writable but /var/lib/k8s-bridge (the SQLite checkpoint)
 # and /tmp, so it also runs under readOnlyRootFilesystem.
 
+# The dependencies come from the runtime lock, hash-checked, in a layer of their
+# own (it changes only with the lock); the project's wheel goes on top.
 FROM python:3.11-slim AS build
 WORKDIR /src
+COPY requirements/runtime.txt ./requirements/
+RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements/runtime.txt
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
-RUN pip install --no-cache-dir --upgrade pip \
- && pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,7 +22,9 @@ RUN groupadd --system --gid 10001 bridge \
  && mkdir -p /var/lib/k8s-bridge /etc/k8s-bridge \
  && chown 10001:10001 /var/lib/k8s-bridge
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels k8s-bridge \
+COPY requirements/runtime.txt /wheels/
+RUN pip install --no-cache-dir --no-index --find-links /wheels --require-hashes -r /wheels/runtime.txt \
+ && pip install --no-cache-dir --no-index --find-links /wheels --no-deps k8s-bridge \
  && rm -rf /wheels
 COPY examples/bridge.yaml /etc/k8s-bridge/bridge.yaml
 USER 10001:10001

@@ -12,19 +12,44 @@ BIN := $(VENV)/bin
 REALDEPS ?= $(or $(REALDEPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/k8s-bridge-realdeps)
 export REALDEPS_CACHE := $(REALDEPS)
 
-.PHONY: test test-real lint types pytest demo bench tools realdeps clean
+.PHONY: test test-real lint types pytest demo bench tools realdeps lock clean
+
+# The locks pin every package with its hashes, for Python 3.11 on linux x86_64
+# (what CI and the image run); pyproject.toml keeps the ranges. The project
+# itself goes on top, editable and without dependencies, so nothing is taken
+# from PyPI that a lock does not name.
+RUNTIME_LOCK := requirements/runtime.txt
+DEV_LOCK := requirements/dev.txt
 
 # The runtime dependencies and the project: what `k8s-bridge` needs to run.
-$(BIN)/.runtime: pyproject.toml
+$(BIN)/.runtime: pyproject.toml $(RUNTIME_LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q --require-hashes -r $(RUNTIME_LOCK)
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
 # On top: the dev extras (pytest, ruff, mypy, hypothesis, ...).
-$(BIN)/.installed: $(BIN)/.runtime
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+$(BIN)/.installed: $(BIN)/.runtime $(DEV_LOCK)
+	$(BIN)/python -m pip install -q --require-hashes -r $(DEV_LOCK)
 	touch $@
+
+# Refreshes both locks from pyproject.toml, keeping each pin the ranges still
+# allow: `make lock LOCK_ARGS=--upgrade` takes the newest versions they allow,
+# `LOCK_ARGS='--upgrade-package aiohttp'` one package. The runtime lock is
+# resolved within the dev lock, so both pin the same versions. uv resolves for
+# the target platform whatever machine it runs on; it has a virtualenv of its
+# own (in $(VENV)/lock-tools), apart from the project's packages.
+UV_VERSION := 0.13.8
+LOCK_VENV := $(VENV)/lock-tools
+UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile --quiet pyproject.toml --generate-hashes \
+	--python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	--custom-compile-command 'make lock'
+
+lock:
+	test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q uv==$(UV_VERSION)
+	$(UV_COMPILE) --extra dev -o $(DEV_LOCK) $(LOCK_ARGS)
+	$(UV_COMPILE) -c $(DEV_LOCK) -o $(RUNTIME_LOCK) $(LOCK_ARGS)
 
 tools:
 	@command -v nats-server >/dev/null 2>&1 || { \
