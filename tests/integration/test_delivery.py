@@ -21,7 +21,14 @@ from bridge.delivery.events import Event
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
 from bridge.sinks.memory import MemorySink
-from tests.integration.test_pipeline import FAST, Harness, pod, wait_for, wait_for_async
+from tests.integration.test_pipeline import (
+    FAST,
+    Harness,
+    commit_cycles,
+    pod,
+    wait_for,
+    wait_for_async,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +39,7 @@ async def digest_of_live(harness: Harness, name: str, state: str = UNCERTAIN) ->
     """The digest the bridge would write for the live object ``name``."""
     obj = harness.emulator.get("v1", "Pod", name, namespace="default")
     p = await harness.pipeline()
-    d = p._detector.digest_of(obj)
+    d = p.detector.digest_of(obj)
     return dataclasses.replace(d, state=state)
 
 
@@ -386,7 +393,14 @@ async def test_fail_stops_the_resource_naming_the_object(
     async with running(p):
         await wait_for(lambda: p.failed is not None)
         emulator.create(pod("later"))
-        await asyncio.sleep(0.3)
+        # Stopped means its watch is gone from the API server: nothing can bring
+        # "later" in any more (a pipeline that went on would publish it first).
+        await wait_for(
+            lambda: (
+                not emulator.store.all_watchers()
+                or any(e.subject == "default/later" for e in harness.sink.events)
+            )
+        )
     assert p.failed is not None and "default/huge" in p.failed
     subjects = [e.subject for e in harness.sink.events]
     assert "default/later" not in subjects and "default/huge" not in subjects
@@ -422,7 +436,8 @@ async def test_the_checkpoint_waits_while_the_bus_is_down(
         harness.sink.available = False
         before = p.committed_resource_version
         emulator.create(pod("two"))
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: not p.sink_healthy)  # "two" was decided and refused
+        await commit_cycles(p)
         assert p.committed_resource_version == before
         harness.sink.available = True
 
@@ -466,7 +481,7 @@ async def test_a_resync_of_an_uncertain_key_is_not_news(
     assert p.informer is not None
     record = p.informer.store.get_by_key("default/waiting")
     assert record is not None
-    await p.on_update(record, record)
+    await p.handler.on_update(record, record)
     assert p.outbox.last_seq == 0 and p.outbox.is_open("default/waiting")
 
 
@@ -480,15 +495,33 @@ async def test_events_waiting_for_the_bus_are_bounded_by_their_bytes(
     harness.sink = GatedSink(open_batches=0)
     p = await harness.pipeline()
     p.settings = dataclasses.replace(FAST, max_pending=1000, max_pending_bytes=4000)
+    # What was waiting when each event was decided: once the bound is reached, the
+    # next decision waits for an acknowledgement (none comes until the gate opens).
+    before_each: list[int] = []
+    decide = p.outbox.decide
+
+    def recording(*args: Any) -> Any:
+        before_each.append(p.outbox.unacknowledged_bytes)
+        return decide(*args)
+
+    p.outbox.decide = recording  # type: ignore[method-assign]
     async with running(p):
-        await wait_for(lambda: p.outbox.unacknowledged_bytes >= 4000)
-        await asyncio.sleep(0.3)  # time enough to decide more, were it allowed
+        # Every listed object queued: a handler that did not wait would decide them now.
+        await wait_for(
+            lambda: (
+                p.outbox.unacknowledged_bytes >= 4000
+                and p.informer is not None
+                and p.informer.fifo.queued_total == 20
+            )
+        )
+        assert all(b < 4000 for b in before_each), before_each
         waiting = p.outbox.unacknowledged
         size = p.outbox.unacknowledged_bytes / waiting
         assert p.outbox.unacknowledged_bytes < 4000 + size
         assert waiting < 20
         harness.sink.gate.set()
         await wait_for(lambda: len(harness.sink.events) == 20)
+    assert all(b < 4000 for b in before_each), before_each
     assert [e.data["object"]["metadata"]["name"] for e in harness.sink.events] == [
         f"b{i:02d}" for i in range(20)
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,26 @@ class Harness:
 
         await wait_for_async(checkpointed)
 
+    async def probe(self, name: str = "probe") -> None:
+        """Until a change made now is on the bus. The informer decides in order and the
+        bus takes batches in order, so whatever the pipeline would publish for what
+        came before (a wrong republish, a change it should have suppressed) is on the
+        bus by then: "nothing else came" holds for good, not for a while."""
+        self.emulator.create(pod(name))
+        await wait_for(lambda: any(e.subject == f"default/{name}" for e in self.sink.events))
+
     def kinds(self, start: int = 0) -> list[tuple[str, str]]:
         return [(e.type.rsplit(".", 1)[-1], e.subject) for e in self.sink.events[start:]]
+
+
+async def commit_cycles(p: ResourcePipeline, n: int = 2) -> None:
+    """Until ``n`` checkpoint cycles have ended from now on; of two, the second began
+    after this call, so it saw everything decided before: what it would wrongly
+    store, it stored."""
+    ended = [time.monotonic()]  # the pipeline's clock
+    for _ in range(n):
+        await wait_for(lambda: p.stats.last_commit > ended[-1])
+        ended.append(p.stats.last_commit)
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -180,8 +199,9 @@ async def test_graceful_restart_without_changes_publishes_nothing(
     before = len(harness.sink.events)
     async with harness.running() as p:
         await harness.settled(p)
-        await asyncio.sleep(0.3)
-    assert len(harness.sink.events) == before == 1
+        await harness.probe()
+    assert before == 1
+    assert harness.kinds(before) == [("added", "default/probe")]
 
 
 async def test_restart_after_compaction_publishes_exactly_the_missed_changes(
@@ -243,8 +263,8 @@ async def test_sink_down_never_lets_the_checkpoint_pass_the_bus(
         committed = p.committed_resource_version
         harness.sink.available = False
         emulator.create(pod("two"))
-        await asyncio.sleep(0.4)
-        assert not p.sink_healthy
+        await wait_for(lambda: not p.sink_healthy)  # "two" was written ahead and refused
+        await commit_cycles(p)
         cp = await harness.checkpoints.load("core/v1/pods")
         assert cp is not None and cp.resource_version == committed
         # Written ahead (it may be on the bus), never certain before the ack.
@@ -285,7 +305,7 @@ async def test_shutdown_with_the_bus_down_gives_up_in_time_and_keeps_the_checkpo
     committed = p.committed_resource_version
     harness.sink.available = False
     emulator.create(pod("second"))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: not p.sink_healthy)  # "second" was written ahead and refused
     loop = asyncio.get_running_loop()
     started = loop.time()
     task.cancel()

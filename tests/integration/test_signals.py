@@ -30,7 +30,7 @@ from bridge.emulator import Emulator
 from bridge.kube.records import is_record, make_record
 from bridge.sinks.memory import MemorySink
 from bridge.sinks.nats import NatsSink
-from tests.integration.test_pipeline import FAST, Harness, pod, wait_for
+from tests.integration.test_pipeline import FAST, Harness, commit_cycles, pod, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +71,8 @@ async def test_a_snapshot_announces_every_object_once_and_leaves_the_checkpoint_
         await settled(harness, p)
         before = await harness.checkpoints.load(RID)
         first = len(harness.sink.events)
-        result = await take_snapshot(p, "sig1", page_size=3)
-        await asyncio.sleep(3 * FAST.flush_interval)  # commits that could change something
+        result = await take_snapshot(p, "sig1", page_size=3)  # every announcement acknowledged
+        await commit_cycles(p)  # commits that would store what the announcements changed
         after = await harness.checkpoints.load(RID)
     assert (result.listed, result.announced, sum(result.skipped.values())) == (7, 7, 0)
     announced = harness.sink.events[first:]
@@ -186,8 +186,8 @@ async def test_a_crash_during_a_snapshot_makes_the_restart_publish_nothing(
     restarted = await harness.pipeline()
     async with running(restarted):
         await settled(harness, restarted)
-        await asyncio.sleep(0.3)
-    assert harness.sink.events == []
+        await harness.probe()
+    assert [e.subject for e in harness.sink.events] == ["default/probe"]
 
 
 # -- heartbeats ------------------------------------------------------------------------
@@ -240,7 +240,7 @@ async def test_a_heartbeat_carries_the_committed_watermark_not_the_watch_positio
                 == str(emulator.resource_version)
             )
         )
-        await asyncio.sleep(3 * FAST.flush_interval)
+        await commit_cycles(p)  # commits that would store the reflector's position
         assert await beat.beat()
         stuck = sink.events[-1].data
         assert stuck["watermark"] == committed
