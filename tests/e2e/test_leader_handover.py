@@ -84,7 +84,7 @@ def published_total(metrics: str) -> float:
 
 async def is_leader(bridge: BridgeProcess) -> bool:
     try:
-        return gauge(await bridge.service.metrics(), "k8s_bridge_leader") == 1.0
+        return gauge(await bridge.metrics(), "k8s_bridge_leader") == 1.0
     except Exception:  # the process is gone or not listening yet
         return False
 

@@ -183,7 +183,7 @@ async def test_kill9_then_changes_and_compaction_then_restart_publishes_exactly_
         await until(three_more, 20, bridge.tail_log)
         await asyncio.sleep(0.5)
         events = await events_now(nats_control)
-        metrics = await bridge.service.metrics()
+        metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0
     missed = sorted(changes(events[3:]))
@@ -270,7 +270,7 @@ async def test_dropped_watches_lose_nothing_and_republish_nothing(
         await until(four, 20, bridge.tail_log)
         await asyncio.sleep(0.5)
         events = await events_now(nats_control)
-        metrics = await bridge.service.metrics()
+        metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0
     assert (

@@ -164,7 +164,7 @@ KINDS = {"Pod": "pod", "ConfigMap": "cm", "Gizmo": "gizmo"}
 def seen(bridge: StdoutBridge, ns: str) -> set[tuple[str, str, str]]:
     """(kind, "before"/"after", change) of each event about the test's objects."""
     out = set()
-    for e in bridge.delivery.events():
+    for e in bridge.events():
         kind, change = e["type"].rsplit(".", 2)[-2:]
         prefix = KINDS.get(kind)
         if prefix and e["subject"].startswith(f"{ns}/{prefix}-"):

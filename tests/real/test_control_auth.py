@@ -170,7 +170,7 @@ async def test_kubernetes_auth_lets_in_only_callers_the_chart_role_names(
         await bridge.start()
         try:
             await bridge.wait_ready(timeout=30)
-            await until(lambda: len(bridge.delivery.events("added")) == 3, 20)
+            await until(lambda: len(bridge.events("added")) == 3, 20)
 
             status, body = await bridge.post(None)
             assert status == 401 and body["error"].startswith("unauthorized: send Authorization")
@@ -184,12 +184,12 @@ async def test_kubernetes_auth_lets_in_only_callers_the_chart_role_names(
             assert body["error"].startswith(
                 f"forbidden: 'system:serviceaccount:{ns}:{STRANGER}' may not post /snapshot"
             )
-            assert bridge.delivery.events("snapshot") == []
+            assert bridge.events("snapshot") == []
 
             status, body = await bridge.post(caller)
             assert status == 200, body
             assert (body["listed"], body["announced"]) == (3, 3)
-            snaps = bridge.delivery.events("snapshot")
+            snaps = bridge.events("snapshot")
             assert sorted(e["subject"] for e in snaps) == [f"{ns}/cm-{i}" for i in range(3)]
             assert {e["id"].rsplit(":", 1)[-1] for e in snaps} == {body["signalId"]}
 
@@ -202,7 +202,7 @@ async def test_kubernetes_auth_lets_in_only_callers_the_chart_role_names(
             )
             assert rc == 0, err
             assert "announced 3, skipped 0, listed 3" in out
-            assert len(bridge.delivery.events("snapshot")) == 6
+            assert len(bridge.events("snapshot")) == 6
 
             # The bridge loses its right to review: a caller it has not seen gets 503.
             kube_cluster.kubectl("delete", "clusterrolebinding", delegator["metadata"]["name"])
@@ -218,7 +218,7 @@ async def test_kubernetes_auth_lets_in_only_callers_the_chart_role_names(
             assert "system:auth-delegator" in seen[-1][1]["error"]
             assert {s for s, _ in seen} <= {200, 503}  # 200 only before RBAC caught up
             announced = sum(b.get("announced", 0) for s, b in seen if s == 200)
-            assert len(bridge.delivery.events("snapshot")) == 6 + announced
+            assert len(bridge.events("snapshot")) == 6 + announced
         finally:
             assert await bridge.stop() == 0, bridge.tail_log()
     finally:
@@ -241,7 +241,7 @@ async def test_a_static_token_opens_the_endpoint_and_a_kubernetes_token_does_not
     await bridge.start()
     try:
         await bridge.wait_ready(timeout=30)
-        await until(lambda: len(bridge.delivery.events("added")) == 2, 20)
+        await until(lambda: len(bridge.events("added")) == 2, 20)
         status, body = await bridge.post(None)
         assert (status, body) == (
             401,
@@ -253,7 +253,7 @@ async def test_a_static_token_opens_the_endpoint_and_a_kubernetes_token_does_not
             401,
             {"error": "unauthorized: the bearer token is not server.controlToken"},
         )
-        assert bridge.delivery.events("snapshot") == []
+        assert bridge.events("snapshot") == []
         status, body = await bridge.post(env["BRIDGE_SERVER__CONTROLTOKEN"])
         assert status == 200 and body["announced"] == 2, body
         cli_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | env
@@ -262,7 +262,7 @@ async def test_a_static_token_opens_the_endpoint_and_a_kubernetes_token_does_not
         )
         assert rc == 0, err
         assert "announced 2, skipped 0, listed 2" in out
-        assert len(bridge.delivery.events("snapshot")) == 4
+        assert len(bridge.events("snapshot")) == 4
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
     log = bridge.log.read_text()

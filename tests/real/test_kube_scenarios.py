@@ -169,7 +169,7 @@ class Setup:
         where JetStream's duplicate window dropped it."""
 
         async def counted() -> dict[str, int]:
-            text = await bridge.service.metrics()
+            text = await bridge.metrics()
             return {
                 t: int(v)
                 for (t, v) in by_label(
@@ -209,7 +209,7 @@ def apiserver_count(cluster: KubeCluster, name: str, **match: str) -> float:
 
 
 async def watch_down(bridge: BridgeProcess, label: str) -> bool:
-    up = by_label(await bridge.service.metrics(), "k8s_bridge_watch_up", "resource", resource=label)
+    up = by_label(await bridge.metrics(), "k8s_bridge_watch_up", "resource", resource=label)
     return up == {label: 0.0}
 
 
@@ -384,7 +384,7 @@ async def test_live_changes_publish_once_each_in_order_and_ignored_fields_nothin
         await setup.published(bridge, {"added": 3, "modified": 2, "deleted": 1})
         events = await setup.events()
         suppressed = by_label(
-            await bridge.service.metrics(), "k8s_bridge_changes_suppressed_total", "reason"
+            await bridge.metrics(), "k8s_bridge_changes_suppressed_total", "reason"
         )
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
@@ -535,7 +535,7 @@ async def test_watch_cut_resumes_from_the_bookmark_without_a_relist(
             await setup.caught_up(bridge, uid_rv(gone)[1])
             await setup.published(bridge, {"added": 6, "modified": 2, "deleted": 1})
             events = await setup.events()
-            metrics = await bridge.service.metrics()
+            metrics = await bridge.metrics()
         finally:
             assert await bridge.stop() == 0, bridge.tail_log()
     finally:
@@ -591,7 +591,7 @@ async def test_apiserver_restart_is_a_410_and_the_relist_publishes_exactly_the_c
             await setup.caught_up(bridge, uid_rv(gone)[1])
             await setup.published(bridge, {"added": 6, "modified": 1, "deleted": 1})
             events = await setup.events()
-            metrics = await bridge.service.metrics()
+            metrics = await bridge.metrics()
         finally:
             assert await bridge.stop() == 0, bridge.tail_log()
     finally:
@@ -658,7 +658,7 @@ async def test_410_after_compaction_publishes_exactly_the_differences_with_tombs
         await setup.caught_up(bridge, last)
         await setup.published(bridge, {"added": 2, "modified": 1, "deleted": 2})
         events = await setup.events()
-        metrics = await bridge.service.metrics()
+        metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
     relists = by_label(metrics, "k8s_bridge_relists_total", "reason", resource=setup.label)
@@ -732,7 +732,7 @@ async def test_graceful_restart_publishes_nothing(
         await setup.caught_up(bridge, uid_rv(sentinel)[1])
         await setup.published(bridge, {"added": 1})
         events = await setup.events()
-        metrics = await bridge.service.metrics()
+        metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
     assert summary(events[20:]) == [("added", f"{ns}/sentinel", "{}:{}".format(*uid_rv(sentinel)))]

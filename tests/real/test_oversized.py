@@ -137,7 +137,7 @@ async def test_oversized_events_meet_the_poison_policy_and_the_rest_arrive(
 
         async def counted() -> bool:
             nonlocal counts
-            counts = poison_counts(await bridge.service.metrics(), cms)
+            counts = poison_counts(await bridge.metrics(), cms)
             return counts == want_counts[policy]
 
         # The observer carries the pipelines' counts over to the metrics once a second.
