@@ -53,8 +53,10 @@ _NO_STREAM = "no responders"
 # Where nats-py's Msg keeps the status of a header block (``NATS/1.0 503``).
 _STATUS = "Status"
 _NOT_IN_SUBJECT = re.compile(r"\s")
-# Below nats-py's default ``pending_size`` (2 MB), past which a publish waits on its flusher.
-_FLUSH_EVERY = 1 << 20
+# Below nats-py's default ``pending_size`` (2 MB), past which a publish waits on its
+# flusher, and below the mmap threshold the bridge sets (bridge/service/runtime.py):
+# the flusher joins what is queued into one buffer, which then reuses heap memory.
+_FLUSH_EVERY = 256 << 10
 
 Outgoing = tuple[str, bytes, dict[str, str] | None]
 
