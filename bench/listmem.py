@@ -122,6 +122,18 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import Reflector, ReflectorSettings
 
+    class _Unheard:
+        """A handler that does nothing: what is measured is the cache alone."""
+
+        async def on_add(self, obj: Any, is_in_initial_list: bool) -> None:
+            pass
+
+        async def on_update(self, old: Any, new: Any) -> None:
+            pass
+
+        async def on_delete(self, obj: Any) -> None:
+            pass
+
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     gc.collect()
     _reset_peak()
@@ -138,7 +150,11 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
             count = n if await _read_only(client, mode) else 0
         elif store == "slim":
             informer = SharedInformer(
-                lw, name="pods", slim=Fingerprinter().fingerprint, reflector_settings=settings
+                lw,
+                _Unheard(),
+                name="pods",
+                slim=Fingerprinter().fingerprint,
+                reflector_settings=settings,
             )
             tasks.append(asyncio.create_task(informer.run()))
             await informer.wait_for_sync()

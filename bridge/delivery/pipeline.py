@@ -126,7 +126,6 @@ class PipelineSettings:
     shutdown_timeout: float = 10.0
     poison_policy: PoisonPolicy = "truncate"
     slim: bool = True
-    fifo: Literal["real", "delta"] = "real"
     # Decoded items waiting for the handlers (~12 KB each for a 3 KB pod). At 100,
     # against 1000, a 100k-pod first sync peaked 5-25 MiB lower at the same or a
     # higher rate (bench slowbus): they are handled while still in the CPU's caches.
@@ -374,8 +373,8 @@ class ResourcePipeline:
         s = self.settings
         self.informer = SharedInformer(
             self._lw,
+            self,
             name=self.label,
-            fifo=s.fifo,
             slim=self._detector.fingerprinter.fingerprint
             if s.slim and not self._full_old
             else None,
@@ -386,10 +385,8 @@ class ResourcePipeline:
             drop_stale=True,
             # With a filter, a delete of an object never cached was never published.
             notify_unknown_deletes=self._filter is None,
-            # Nothing here asks the cache by namespace: 31-38 B per object saved.
-            by_namespace=False,
+            resync_period=s.resync_period,
         )
-        self.informer.add_event_handler(self, resync_period=s.resync_period)
 
     def _republish_delete(self, d: Digest, uid: str) -> None:
         """A delete that was written ahead and may not have reached the bus: again, same id."""
@@ -569,13 +566,8 @@ class ResourcePipeline:
         if informer is None or reflector is None:
             return
         fifo = informer.fifo
-        if fifo.in_order:
-            self.outbox.observe(fifo.queued_total, reflector.last_sync_resource_version)
-            self.outbox.progress(fifo.processed_total)
-        elif fifo.is_idle():
-            # A FIFO that regroups per key proves nothing until it drains.
-            self.outbox.observe(0, reflector.last_sync_resource_version)
-            self.outbox.progress(0)
+        self.outbox.observe(fifo.queued_total, reflector.last_sync_resource_version)
+        self.outbox.progress(fifo.processed_total)
 
     # -- writing ahead and publishing -------------------------------------------
 

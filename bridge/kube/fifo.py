@@ -1,15 +1,17 @@
-"""The queues between a Reflector and an informer: client-go's DeltaFIFO and RealFIFO.
+"""The queue between a Reflector and the informer: client-go's RealFIFO.
 
-Both implement ``ReflectorStore`` (what the reflector writes) and ``pop`` (what
-the informer reads). Everything runs on one event loop, so there are no locks:
-a method either completes without awaiting or waits on an explicit condition.
+It implements ``ReflectorStore`` (what the reflector writes) and ``pop_batch``
+(what the informer reads). Everything runs on one event loop, so there are no
+locks: a method either completes without awaiting or waits on an explicit
+condition.
 
-- ``DeltaFIFO`` groups deltas per key; keys pop in order of first arrival, each
-  pop hands over every delta queued for that key.
-- ``RealFIFO`` (client-go's ``InOrderInformers``, the default since 1.33) keeps
-  strict arrival order across keys and pops one delta at a time, or a run of
-  them (``pop_batch``, as client-go's ``PopBatch`` under its
-  ``InOrderInformersBatchProcess`` feature gate).
+``RealFIFO`` (client-go's ``InOrderInformers``, the default since 1.33) keeps
+strict arrival order across keys and pops one delta at a time, or a run of
+them (``pop_batch``, as client-go's ``PopBatch`` under its
+``InOrderInformersBatchProcess`` feature gate). client-go's older
+``DeltaFIFO``, which groups deltas per key, is not reproduced: arrival order
+is what lets the bridge tie the reflector's resourceVersion to its progress
+(``queued_total``).
 
 ``has_synced`` turns true once every item queued by the first ``replace``
 (tombstones included) has been popped *and* processed, so a caller that sees
@@ -27,9 +29,9 @@ reflector reads ahead as bytes past a deadline so the server's request
 timeout cannot cut it) and a 100k-object list never piles up in the queue
 as decoded items. Unpaced, it only yields to the consumer every so often,
 which keeps the queue short only while the consumer keeps up. Vanished keys are known only
-after the last item, so the tombstones are queued then: after the items even
-in ``RealFIFO``, whose all-at-once ``replace`` puts them first as client-go
-does. Per key nothing changes (a tombstone's key is never among the items).
+after the last item, so the tombstones are queued then: after the items,
+where the all-at-once ``replace`` puts them first as client-go does. Per key
+nothing changes (a tombstone's key is never among the items).
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, RawObjec
 __all__ = [
     "REPLACE_YIELD_EVERY",
     "Delta",
-    "DeltaFIFO",
     "DeltaType",
     "FIFOClosedError",
     "KeyFunc",
@@ -126,15 +127,14 @@ class _Waiters:
                 fut.set_result(None)
 
 
-class _FIFOBase:
-    """What both FIFOs share: keys, the synced latch, closing and backpressure."""
+class RealFIFO:
+    """Strict arrival order across keys, one delta per pop (or a run of them)."""
 
     def __init__(
         self,
         *,
         key_func: KeyFunc = namespace_key,
         known_objects: KeyListerGetter | None = None,
-        emit_delta_type_replaced: bool = True,
         max_queued: int | None = None,
     ) -> None:
         if max_queued is not None and max_queued < 1:
@@ -142,7 +142,6 @@ class _FIFOBase:
         self._key_func = key_func
         self._known_objects = known_objects
         self._in_process = 0
-        self._replace_type = DeltaType.Replaced if emit_delta_type_replaced else DeltaType.Sync
         self._max_queued = max_queued
         self._closed = False
         self._replacing = False
@@ -153,18 +152,13 @@ class _FIFOBase:
         self._not_empty = _Waiters()
         self._has_room = _Waiters()
         self._synced_waiters = _Waiters()
-        # Items ever queued and ever processed. Where the FIFO keeps arrival
+        self._items: deque[Delta] = deque()
+        # Items ever queued and ever processed. As the FIFO keeps arrival
         # order, "processed >= queued-at-some-moment" proves that everything
         # queued up to that moment is done: how a consumer ties the reflector's
         # resourceVersion to its own progress while the queue never drains.
         self.queued_total = 0
         self.processed_total = 0
-
-    # True where items pop in arrival order across keys (see ``queued_total``).
-    in_order = False
-
-    def __len__(self) -> int:
-        raise NotImplementedError
 
     def key_of(self, obj: CachedObject | DeletedFinalStateUnknown) -> str:
         if isinstance(obj, DeletedFinalStateUnknown):
@@ -228,24 +222,12 @@ class _FIFOBase:
         self._replacing = True
         return Replacement(self, paced)
 
-    def _queue_replaced(self, obj: RawObject) -> None:
-        raise NotImplementedError
-
-    def _finish_replace(self, keys: set[str] | None) -> None:
-        """Tombstones for what the replace did not list, then the synced latch.
-        ``keys`` None: nothing was queued or known when the replace began, so
-        nothing can have vanished."""
-        raise NotImplementedError
-
     def _present_keys(self) -> set[str]:
         """Every key queued or known."""
         keys = set(self._queued_keys())
         if self._known_objects is not None:
             keys.update(self._known_objects.list_keys())
         return keys
-
-    def _queued_keys(self) -> Iterable[str]:
-        raise NotImplementedError
 
     def _may_vanish(self) -> bool:
         """Whether a replace beginning now could leave keys out: something is queued or known."""
@@ -272,234 +254,8 @@ class _FIFOBase:
             self._initial_population_count = len(self) + self._in_process
             self._synced_waiters.notify_all()
 
-
-class Replacement:
-    """One streamed replace of a FIFO (``bridge.kube.protocols.Replacement``)."""
-
-    __slots__ = ("_count", "_fifo", "_gone", "_keys", "_open", "_paced")
-
-    def __init__(self, fifo: _FIFOBase, paced: bool = False) -> None:
-        self._fifo = fifo
-        # The listed keys, to tell what vanished; a first list into an empty cache
-        # and queue has nothing to compare, and 100k keys held for the length of the
-        # list were ~120 B per object of its peak memory.
-        self._keys: set[str] | None = set() if fifo._may_vanish() else None
-        # Without the listed keys: the keys discarded (and not handed in again) since.
-        self._gone: set[str] = set()
-        self._count = 0
-        self._open = True
-        self._paced = paced
-
-    async def add(self, obj: RawObject) -> None:
-        fifo = self._fifo
-        if self._paced:
-            await fifo._wait_for_room()
-        if self._keys is not None:
-            self._keys.add(fifo.key_of(obj))
-        elif self._gone:
-            self._gone.discard(fifo.key_of(obj))
-        fifo._queue_replaced(obj)
-        self._count += 1
-        if self._count % REPLACE_YIELD_EVERY == 0:
-            await asyncio.sleep(0)
-
-    def discard(self, obj: RawObject) -> None:
-        if self._keys is not None:
-            self._keys.discard(self._fifo.key_of(obj))
-        else:
-            self._gone.add(self._fifo.key_of(obj))
-
-    def commit(self, resource_version: str) -> None:
-        self._close()
-        keys = self._keys
-        if keys is None and self._gone:
-            # Everything present came from this list, except what it discarded.
-            keys = self._fifo._present_keys() - self._gone
-        self._fifo._finish_replace(keys)
-
-    def abort(self) -> None:
-        if self._open:
-            self._close()
-
-    def _close(self) -> None:
-        if not self._open:
-            raise RuntimeError("this replace was already committed or aborted")
-        self._open = False
-        self._fifo._replacing = False
-
-
-def _is_tombstone(obj: CachedObject | DeletedFinalStateUnknown) -> bool:
-    return isinstance(obj, DeletedFinalStateUnknown)
-
-
-class DeltaFIFO(_FIFOBase):
-    """Deltas grouped per key; keys pop in order of first arrival.
-
-    A key is in ``_queue`` exactly when it is in ``_items``: popping removes it
-    from both, and a later delta for that key queues it again at the end. (The
-    dict alone keeps insertion order, but taking its first key after many
-    removals from the front costs a scan of the dead slots each time.)
-    """
-
-    def __init__(
-        self,
-        *,
-        key_func: KeyFunc = namespace_key,
-        known_objects: KeyListerGetter | None = None,
-        emit_delta_type_replaced: bool = True,
-        max_queued: int | None = None,
-    ) -> None:
-        super().__init__(
-            key_func=key_func,
-            known_objects=known_objects,
-            emit_delta_type_replaced=emit_delta_type_replaced,
-            max_queued=max_queued,
-        )
-        self._items: dict[str, list[Delta]] = {}
-        self._queue: deque[str] = deque()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def list_keys(self) -> list[str]:
-        return list(self._queue)
-
-    def get_by_key(self, key: str) -> list[Delta] | None:
-        deltas = self._items.get(key)
-        return list(deltas) if deltas is not None else None
-
-    async def add(self, obj: RawObject) -> None:
-        await self._wait_for_room()
-        self._populate()
-        self._queue_action(DeltaType.Added, obj)
-
-    async def update(self, obj: RawObject) -> None:
-        await self._wait_for_room()
-        self._populate()
-        self._queue_action(DeltaType.Updated, obj)
-
-    async def delete(self, obj: RawObject | DeletedFinalStateUnknown) -> None:
-        await self._wait_for_room()
-        self._populate()
-        key = self.key_of(obj)
-        # A delete of something neither queued nor known would reach consumers
-        # as a delete of an object they never saw: drop it, as client-go does.
-        if key not in self._items and (
-            self._known_objects is None or self._known_objects.get_by_key(key) is None
-        ):
-            return
-        self._queue_action(DeltaType.Deleted, obj)
-
-    async def replace(self, items: list[RawObject], resource_version: str) -> None:
-        keys: set[str] = set()
-        for obj in items:
-            keys.add(self.key_of(obj))
-            self._queue_action(self._replace_type, obj)
-        self._finish_replace(keys)
-
-    def _queue_replaced(self, obj: RawObject) -> None:
-        self._queue_action(self._replace_type, obj)
-
-    def _queued_keys(self) -> Iterable[str]:
-        return self._queue
-
-    def _finish_replace(self, keys: set[str] | None) -> None:
-        if keys is None:
-            self._mark_populated_by_replace()
-            return
-        # Queued keys absent from the list: their newest state is the best guess.
-        for key in list(self._queue):
-            if key in keys:
-                continue
-            last = self._items[key][-1].object
-            last_obj = last.obj if isinstance(last, DeletedFinalStateUnknown) else last
-            self._queue_action(DeltaType.Deleted, DeletedFinalStateUnknown(key, last_obj))
-
-        # Known keys absent from the list and not queued: the cache has their state.
-        if self._known_objects is not None:
-            for key in self._known_objects.list_keys():
-                if key in keys or self._items.get(key):
-                    continue
-                known = self._known_objects.get_by_key(key)
-                self._queue_action(DeltaType.Deleted, DeletedFinalStateUnknown(key, known))
-
-        self._mark_populated_by_replace()
-
-    async def resync(self) -> None:
-        """Queue ``Sync`` for every known key with nothing queued; no calls outward."""
-        if self._known_objects is None or self._replacing:
-            return  # a replace being fed re-delivers everything anyway
-        for key in self._known_objects.list_keys():
-            if self._items.get(key):
-                continue
-            known = self._known_objects.get_by_key(key)
-            if known is None:
-                continue
-            self._queue_action(DeltaType.Sync, known)
-
-    async def pop(self, process: PopProcessFunc) -> None:
-        await self._wait_for_item()
-        is_in_initial_list = not self.has_synced()
-        key = self._queue.popleft()
-        deltas = self._items.pop(key)
-        self._popped()
-        try:
-            await process(deltas, is_in_initial_list)
-        finally:
-            self._processed()
-
-    def _queue_action(
-        self, delta_type: DeltaType, obj: CachedObject | DeletedFinalStateUnknown
-    ) -> None:
-        key = self.key_of(obj)
-        delta = Delta(delta_type, obj)
-        deltas = self._items.get(key)
-        if deltas is None:
-            self._items[key] = [delta]
-            self._queue.append(key)
-        else:
-            deltas.append(delta)
-            _dedup_last_two(deltas)
-        self._not_empty.notify_all()
-
-
-def _dedup_last_two(deltas: list[Delta]) -> None:
-    """Two consecutive deletes collapse into one, preferring the real object over a tombstone."""
-    if len(deltas) < 2:
-        return
-    newer, older = deltas[-1], deltas[-2]
-    if newer.type is not DeltaType.Deleted or older.type is not DeltaType.Deleted:
-        return
-    deltas[-2] = newer if _is_tombstone(older.object) else older
-    deltas.pop()
-
-
-class RealFIFO(_FIFOBase):
-    """Strict arrival order across keys, one delta per pop."""
-
-    in_order = True
-
-    def __init__(
-        self,
-        *,
-        key_func: KeyFunc = namespace_key,
-        known_objects: KeyListerGetter | None = None,
-        emit_delta_type_replaced: bool = True,
-        max_queued: int | None = None,
-    ) -> None:
-        super().__init__(
-            key_func=key_func,
-            known_objects=known_objects,
-            emit_delta_type_replaced=emit_delta_type_replaced,
-            max_queued=max_queued,
-        )
-        self._items: deque[Delta] = deque()
-
     def __len__(self) -> int:
         return len(self._items)
-
-    def list_keys(self) -> list[str]:
-        return list(dict.fromkeys(self.key_of(d.object) for d in self._items))
 
     async def add(self, obj: RawObject) -> None:
         await self._wait_for_room()
@@ -543,17 +299,20 @@ class RealFIFO(_FIFOBase):
         for tombstone in tombstones:
             self._append(DeltaType.Deleted, tombstone)
         for obj in items:
-            self._append(self._replace_type, obj)
+            self._append(DeltaType.Replaced, obj)
 
         self._mark_populated_by_replace()
 
     def _queue_replaced(self, obj: RawObject) -> None:
-        self._append(self._replace_type, obj)
+        self._append(DeltaType.Replaced, obj)
 
     def _queued_keys(self) -> Iterable[str]:
         return [self.key_of(delta.object) for delta in self._items]
 
     def _finish_replace(self, keys: set[str] | None) -> None:
+        """Tombstones for what the replace did not list, then the synced latch.
+        ``keys`` None: nothing was queued or known when the replace began, so
+        nothing can have vanished."""
         if keys is None:
             self._mark_populated_by_replace()
             return
@@ -635,3 +394,58 @@ class RealFIFO(_FIFOBase):
         self._items.append(Delta(delta_type, obj))
         self.queued_total += 1
         self._not_empty.notify_all()
+
+
+class Replacement:
+    """One streamed replace of a FIFO (``bridge.kube.protocols.Replacement``)."""
+
+    __slots__ = ("_count", "_fifo", "_gone", "_keys", "_open", "_paced")
+
+    def __init__(self, fifo: RealFIFO, paced: bool = False) -> None:
+        self._fifo = fifo
+        # The listed keys, to tell what vanished; a first list into an empty cache
+        # and queue has nothing to compare, and 100k keys held for the length of the
+        # list were ~120 B per object of its peak memory.
+        self._keys: set[str] | None = set() if fifo._may_vanish() else None
+        # Without the listed keys: the keys discarded (and not handed in again) since.
+        self._gone: set[str] = set()
+        self._count = 0
+        self._open = True
+        self._paced = paced
+
+    async def add(self, obj: RawObject) -> None:
+        fifo = self._fifo
+        if self._paced:
+            await fifo._wait_for_room()
+        if self._keys is not None:
+            self._keys.add(fifo.key_of(obj))
+        elif self._gone:
+            self._gone.discard(fifo.key_of(obj))
+        fifo._queue_replaced(obj)
+        self._count += 1
+        if self._count % REPLACE_YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+
+    def discard(self, obj: RawObject) -> None:
+        if self._keys is not None:
+            self._keys.discard(self._fifo.key_of(obj))
+        else:
+            self._gone.add(self._fifo.key_of(obj))
+
+    def commit(self, resource_version: str) -> None:
+        self._close()
+        keys = self._keys
+        if keys is None and self._gone:
+            # Everything present came from this list, except what it discarded.
+            keys = self._fifo._present_keys() - self._gone
+        self._fifo._finish_replace(keys)
+
+    def abort(self) -> None:
+        if self._open:
+            self._close()
+
+    def _close(self) -> None:
+        if not self._open:
+            raise RuntimeError("this replace was already committed or aborted")
+        self._open = False
+        self._fifo._replacing = False

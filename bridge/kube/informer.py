@@ -1,25 +1,30 @@
-"""client-go's SharedIndexInformer, asyncio-native.
+"""client-go's informer, asyncio-native, with the one handler the pipeline is.
 
-A Reflector fills a FIFO; one processing loop pops it, keeps the cache
-(``Indexer``) in step and calls the handlers. Handlers are awaited one after
-another, in registration order, for every notification: a slow handler stops
-the loop, the FIFO fills up to ``max_queued``, and the reflector waits, which
-is how a slow sink slows the watch instead of growing memory.
+A Reflector fills a RealFIFO; one processing loop pops it, keeps the cache
+(``Indexer``) in step and awaits the handler for every notification: a slow
+handler stops the loop, the FIFO fills up to ``max_queued``, and the reflector
+waits, which is how a slow sink slows the watch instead of growing memory.
+
+Only what the bridge runs is here (docs/architecture-informer.md says why):
+one FIFO, client-go's ``RealFIFO`` (its default since 1.33, strict arrival
+order, which ties the reflector's resourceVersion to the handler's progress),
+and one handler given at construction. client-go's ``SharedIndexInformer`` also
+takes handlers late, catching them up from the cache, and resyncs each on its
+own period; ``NewInformer``, which this resembles, has one handler from the start.
 
 Notifications follow client-go's ``HandleDeltas``:
 
-- Added / Updated / Replaced / Sync: the cache is updated; handlers get
+- Added / Updated / Replaced / Sync: the cache is updated; the handler gets
   ``on_update(old, new)`` if the key was cached, else ``on_add(new, initial)``.
   An update whose resourceVersion equals the cached one (a Sync, or a relist
-  echo) is a *resync* and goes only to handlers due a resync.
-- Deleted: the key leaves the cache; handlers get ``on_delete(obj)``, where
+  echo) is a *resync* and reaches the handler only once a resync is due.
+- Deleted: the key leaves the cache; the handler gets ``on_delete(obj)``, where
   ``obj`` may be a ``DeletedFinalStateUnknown`` whose ``obj`` is None.
 
 Slim mode keeps per key only what change detection needs (identity,
 resourceVersion and a fingerprint) as a compact record (bridge/kube/records.py,
-~100 B), so a large cluster costs little memory; handlers still receive the
-full new object, while ``old`` is the record. A slim cache indexes by
-namespace only: a record keeps no labels.
+~100 B), so a large cluster costs little memory; the handler still receives the
+full new object, while ``old`` is the record.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.aiotasks import run_group
-from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, FIFOClosedError, RealFIFO
+from bridge.kube.fifo import Delta, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import (
     CachedObject,
     DeletedFinalStateUnknown,
@@ -41,19 +46,14 @@ from bridge.kube.objects import (
     resource_version,
 )
 from bridge.kube.records import LooseRecord, PackedRecord, make_record
-from bridge.kube.store import Indexer, IndexerError, IndexFunc
+from bridge.kube.store import Indexer
 from bridge.logging import get_logger
 
 if TYPE_CHECKING:
     from bridge.kube.protocols import ListerWatcher
     from bridge.kube.reflector import Reflector, ReflectorSettings
 
-__all__ = [
-    "HandlerRegistration",
-    "ResourceEventHandler",
-    "SharedInformer",
-    "slim_record",
-]
+__all__ = ["ResourceEventHandler", "SharedInformer", "slim_record"]
 
 log = get_logger(__name__)
 
@@ -66,8 +66,8 @@ POP_BATCH = 100
 
 
 class ResourceEventHandler(Protocol):
-    """Informer notifications. In slim mode ``old`` (and ``new`` of a resync, or an
-    add caught up from the cache) is a cache record, not an object."""
+    """Informer notifications. In slim mode ``old`` (and ``new`` of a resync) is a
+    cache record, not an object."""
 
     async def on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None: ...
 
@@ -94,63 +94,6 @@ def _unconfirmed(obj: CachedObject) -> bool:
     return not isinstance(obj, dict) and obj.unconfirmed
 
 
-class HandlerRegistration:
-    """One handler attached to an informer; client-go's processorListener."""
-
-    def __init__(
-        self, informer: SharedInformer, handler: ResourceEventHandler, resync_period: float | None
-    ) -> None:
-        self.handler = handler
-        self.resync_period = resync_period if resync_period and resync_period > 0 else None
-        self._informer = informer
-        # Objects cached before this handler joined, still to be delivered as adds.
-        self._backlog: deque[CachedObject] = deque()
-        self._pending_initial = 0
-        self._removed = False
-        self._due_resync = False
-        self._next_resync = (
-            asyncio.get_running_loop().time() + self.resync_period
-            if self.resync_period is not None and _loop_running()
-            else 0.0
-        )
-
-    def has_synced(self) -> bool:
-        """True once the informer synced and this handler got every object it had to catch up on."""
-        return not self._removed and self._informer.has_synced() and self._pending_initial == 0
-
-    async def _drain_backlog(self) -> None:
-        while self._backlog:
-            obj = self._backlog.popleft()
-            try:
-                await self.handler.on_add(obj, True)
-            finally:
-                self._pending_initial -= 1
-
-    async def _on_add(self, obj: CachedObject, is_in_initial_list: bool) -> None:
-        await self._drain_backlog()
-        await self.handler.on_add(obj, is_in_initial_list)
-
-    async def _on_update(self, old: CachedObject, new: CachedObject) -> None:
-        await self._drain_backlog()
-        await self.handler.on_update(old, new)
-
-    async def _on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
-        await self._drain_backlog()
-        await self.handler.on_delete(obj)
-
-    def _check_resync(self, now: float) -> bool:
-        if self.resync_period is None:
-            self._due_resync = False
-            return False
-        if not self._next_resync:
-            self._next_resync = now + self.resync_period
-        # asyncio may wake a timer up to a clock tick early.
-        self._due_resync = now + 0.001 >= self._next_resync
-        if self._due_resync:
-            self._next_resync = now + self.resync_period
-        return self._due_resync
-
-
 def _older(new: CachedObject, old: CachedObject) -> bool:
     """``new`` is an earlier state of this key than the cached ``old``: an earlier state
     of the same object, or an object of the same name that was deleted before ``old``.
@@ -170,24 +113,15 @@ def _older_version(new: str, old: str) -> bool:
         return False
 
 
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 class SharedInformer:
-    """Reflector → FIFO → cache + handlers, for one resource in one scope."""
+    """Reflector → RealFIFO → cache + the handler, for one resource in one scope."""
 
     def __init__(
         self,
         lw: ListerWatcher,
+        handler: ResourceEventHandler,
         *,
         name: str = "",
-        fifo: Literal["real", "delta"] = "real",
-        indexers: dict[str, IndexFunc] | None = None,
         slim: SlimFunc | None = None,
         resync_period: float | None = None,
         reflector_settings: ReflectorSettings | None = None,
@@ -196,9 +130,9 @@ class SharedInformer:
         max_queued: int | None = 100,
         drop_stale: bool = False,
         notify_unknown_deletes: bool = True,
-        by_namespace: bool = True,
     ) -> None:
         self._lw = lw
+        self._handler = handler
         # client-go tells handlers of every delete, cached or not. A handler that
         # keeps only some objects (a filter) and was started from a checkpoint
         # cannot tell "never cached" from "cached, then dropped", so it may ask
@@ -211,61 +145,33 @@ class SharedInformer:
         self.name = name
         self._slim = slim
         self._resync_period = resync_period if resync_period and resync_period > 0 else None
+        # A resync (a Sync, or a relist's unchanged item) reaches the handler only
+        # from the first periodic resync on, as in client-go, where a handler is
+        # "due" once its period has passed and stays so while it keeps passing.
+        self._due_resync = False
         self._reflector_settings = reflector_settings
         self._initial_rv = initial_resource_version
         # Started from a checkpoint: the cache already holds what was published,
         # so the informer is synced at once and a relist is not a "first list".
         self._resumed = initial_resource_version is not None
-        self.store = Indexer(key_func=namespace_key, indexers=indexers, by_namespace=by_namespace)
+        # Nothing asks the cache by index: no namespace index (31-38 B per object).
+        self.store = Indexer(key_func=namespace_key)
         if initial_objects:
             self.store.replace(
                 (self._to_stored(obj) for obj in initial_objects),
                 initial_resource_version or "",
                 expected=len(initial_objects),
             )
-        fifo_cls = RealFIFO if fifo == "real" else DeltaFIFO
-        self.fifo: RealFIFO | DeltaFIFO = fifo_cls(
+        self.fifo = RealFIFO(
             key_func=namespace_key, known_objects=self.store, max_queued=max_queued
         )
-        self._registrations: list[HandlerRegistration] = []
-        self._lock = asyncio.Lock()
-        self._backlog_wakeup = asyncio.Event()
-        self._handlers_changed = asyncio.Event()
         self._started = False
-        self._stopped = False
         self._reflector: Reflector | None = None
-
-    # -- handlers -------------------------------------------------------------
-
-    def add_event_handler(
-        self, handler: ResourceEventHandler, resync_period: float | None = None
-    ) -> HandlerRegistration:
-        """Attach ``handler``; once started, it first catches up on every cached object."""
-        if self._stopped:
-            raise RuntimeError(f"informer {self.name!r} has stopped; handler not added")
-        period = resync_period if resync_period is not None else self._resync_period
-        reg = HandlerRegistration(self, handler, period)
-        if self._started:
-            # Snapshot and registration happen without an await in between, so
-            # every later change reaches the handler after this snapshot.
-            reg._backlog.extend(self.store.list())
-            reg._pending_initial = len(reg._backlog)
-            self._backlog_wakeup.set()
-        self._registrations.append(reg)
-        self._handlers_changed.set()
-        return reg
-
-    def remove_event_handler(self, registration: HandlerRegistration) -> None:
-        if registration in self._registrations:
-            self._registrations.remove(registration)
-        registration._removed = True
-        registration._backlog.clear()
-        registration._pending_initial = 0
 
     # -- state ----------------------------------------------------------------
 
     def has_synced(self) -> bool:
-        """True once the first list is in the cache and every handler was told about it."""
+        """True once the first list is in the cache and the handler was told about it."""
         return self._resumed or self.fifo.has_synced()
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
@@ -282,24 +188,6 @@ class SharedInformer:
     def reflector(self) -> Reflector | None:
         """The running reflector (None before ``run``): its counters feed the metrics."""
         return self._reflector
-
-    @property
-    def last_sync_resource_version(self) -> str:
-        if self._reflector is not None:
-            return str(self._reflector.last_sync_resource_version)
-        return self._initial_rv or ""
-
-    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
-        if self._started:
-            raise IndexerError(f"informer {self.name!r} has already started; cannot add indexers")
-        if len(self.store):
-            # Objects loaded from a checkpoint: re-index them under the new set.
-            items = self.store.list()
-            self.store.replace([])
-            self.store.add_indexers(indexers)
-            self.store.replace(items, self._initial_rv or "")
-        else:
-            self.store.add_indexers(indexers)
 
     # -- running --------------------------------------------------------------
 
@@ -327,69 +215,36 @@ class SharedInformer:
                 coro.close()
             raise RuntimeError(f"informer {self.name!r} was already started")
         self._started = True
-        coros: dict[str, Coroutine[Any, Any, None]] = {
-            **extra,
-            "process": self._process_loop(),
-            "catch-up": self._backlog_loop(),
-            "resync": self._resync_loop(),
-        }
+        coros: dict[str, Coroutine[Any, Any, None]] = {**extra, "process": self._process_loop()}
+        if self._resync_period is not None:
+            coros["resync"] = self._resync_loop(self._resync_period)
         try:
             await run_group(coros, prefix=f"informer:{self.name}:")
         finally:
-            self._stopped = True
             self.fifo.close()
 
     async def _process_loop(self) -> None:
         fifo = self.fifo
         with contextlib.suppress(FIFOClosedError):
-            if isinstance(fifo, RealFIFO):
-                while True:
-                    await fifo.pop_batch(self._handle_batch, POP_BATCH)
-            else:
-                while True:
-                    await fifo.pop(self._handle_deltas)
+            while True:
+                await fifo.pop_batch(self._handle_batch, POP_BATCH)
 
-    async def _backlog_loop(self) -> None:
-        """Deliver late handlers' catch-up adds even when no change arrives to carry them."""
+    async def _resync_loop(self, period: float) -> None:
+        """Ask the FIFO for a resync every ``period`` (client-go's resync loop)."""
         while True:
-            await self._backlog_wakeup.wait()
-            self._backlog_wakeup.clear()
-            async with self._lock:
-                for reg in list(self._registrations):
-                    await reg._drain_backlog()
-
-    async def _resync_loop(self) -> None:
-        """Ask the FIFO for a resync whenever some handler is due one (client-go's ShouldResync)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            periods = [r.resync_period for r in self._registrations if r.resync_period]
-            if not periods:
-                self._handlers_changed.clear()
-                await self._handlers_changed.wait()
-                continue
-            await asyncio.sleep(min(periods))
-            now = loop.time()
-            due = [reg._check_resync(now) for reg in self._registrations]
-            if any(due):
-                await self.fifo.resync()
-
-    async def _handle_deltas(self, deltas: list[Delta], is_in_initial_list: bool) -> None:
-        # One key's deltas from a DeltaFIFO: handled as a batch is.
-        await self._handle_batch(deque(deltas), is_in_initial_list)
+            await asyncio.sleep(period)
+            self._due_resync = True
+            await self.fifo.resync()
 
     async def _handle_batch(self, batch: deque[Delta], is_in_initial_list: bool) -> None:
         initial = is_in_initial_list and not self._resumed
-        async with self._lock:
-            while batch:
-                # Off the batch before it is handled: the FIFO counts it processed.
-                await self._handle_delta(batch.popleft(), initial)
+        while batch:
+            # Off the batch before it is handled: the FIFO counts it processed.
+            await self._handle_delta(batch.popleft(), initial)
 
     async def _handle_delta(self, delta: Delta, is_in_initial_list: bool) -> None:
         obj = delta.object
-        # The handlers to tell are fixed together with the cache write (no await
-        # in between), so a handler joining meanwhile sees this change exactly
-        # once: either in its catch-up snapshot or as this notification.
-        regs = list(self._registrations)
+        handler = self._handler
         if delta.type is DeltaType.Deleted:
             if not isinstance(obj, DeletedFinalStateUnknown):
                 cached = self.store.get(obj)
@@ -398,8 +253,7 @@ class SharedInformer:
                 if self._drop_stale and cached is not None and _older(obj, cached):
                     return  # the delete of an earlier object of the same name
             self.store.delete(obj)
-            for reg in regs:
-                await reg._on_delete(obj)
+            await handler.on_delete(obj)
             return
         if isinstance(obj, DeletedFinalStateUnknown):
             log.warning("ignoring a tombstone", informer=self.name, delta_type=str(delta.type))
@@ -407,8 +261,7 @@ class SharedInformer:
         old = self.store.get(obj)
         if old is None:
             self.store.update(self._to_stored(obj))
-            for reg in regs:
-                await reg._on_add(obj, is_in_initial_list)
+            await handler.on_add(obj, is_in_initial_list)
             return
         # Each read once: a cache record unpacks its resourceVersion on every read.
         old_rv, new_rv = resource_version(old), resource_version(obj)
@@ -417,10 +270,8 @@ class SharedInformer:
         if obj is not old:
             # A Sync carries the cached record itself: storing it again is a no-op.
             self.store.update(self._to_stored(obj))
-        is_resync = old_rv == new_rv and not _unconfirmed(old)
-        for reg in regs:
-            if not is_resync or reg._due_resync:
-                await reg._on_update(old, obj)
+        if old_rv != new_rv or _unconfirmed(old) or self._due_resync:
+            await handler.on_update(old, obj)
 
     def _to_stored(self, obj: CachedObject) -> CachedObject:
         if self._slim is None or not isinstance(obj, dict):

@@ -95,9 +95,12 @@ class InformerFollowsEmulator(RuleBasedStateMachine):
         self.client = await KubeClient.from_kubeconfig(str(path))
         info = await Discovery(self.client).resolve("v1", "Pod")
         self.informer = SharedInformer(
-            ListWatch(self.client, info), name="pods", reflector_settings=FAST, max_queued=8
+            ListWatch(self.client, info),
+            self.recorder,
+            name="pods",
+            reflector_settings=FAST,
+            max_queued=8,
         )
-        self.informer.add_event_handler(self.recorder)
         self.task = self.loop.create_task(self.informer.run())
         await self.informer.wait_for_sync(10)
 

@@ -2,7 +2,7 @@
 
 Every checklist number a test (or the code, the README, a page of docs/) cites is a
 statement of the page; every statement names at least one test, by file and
-function, and those exist.
+function, and those exist, unless it says the bridge does not reproduce it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
 TEXT_REF = re.compile(r"[Cc]hecklists? (\d+(?:\s*[-,/]\s*\d+)*)")
 # test_checklist_12_…; test_checklist_8_9_… cites 8 and 9 (numbers in a row), not 10_429_… → 429
 NAME_REF = re.compile(r"^test_checklist_(\d+)((?:_\d+)*)")
+# A statement the bridge does not reproduce keeps its number and names no test.
+NOT_REPRODUCED = "*Not reproduced.*"
 
 
 def statements() -> dict[int, str]:
@@ -99,6 +101,9 @@ def test_every_cited_number_is_a_statement_of_the_page() -> None:
 def test_every_statement_names_tests_that_exist() -> None:
     for number, block in statements().items():
         refs = TEST_REF.findall(block)
+        if NOT_REPRODUCED in block:
+            assert not refs, f"statement {number} is not reproduced yet names tests"
+            continue
         assert refs, f"statement {number} names no test"
         for file, name in refs:
             path = ROOT / file

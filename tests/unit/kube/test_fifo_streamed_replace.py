@@ -7,12 +7,9 @@ import contextlib
 
 import pytest
 
-from bridge.kube.fifo import REPLACE_YIELD_EVERY, Delta, DeltaFIFO, DeltaType, RealFIFO
+from bridge.kube.fifo import REPLACE_YIELD_EVERY, Delta, DeltaType, RealFIFO
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
 from bridge.kube.store import Indexer
-
-FIFOS = [pytest.param(RealFIFO, id="real"), pytest.param(DeltaFIFO, id="delta")]
-FIFO = RealFIFO | DeltaFIFO
 
 
 def pod(name: str, rv: int = 1) -> RawObject:
@@ -31,7 +28,7 @@ def pod(name: str, rv: int = 1) -> RawObject:
 class Consumer:
     """Pops like an informer: records every delta and keeps ``known`` (the cache) up to date."""
 
-    def __init__(self, fifo: FIFO, known: Indexer) -> None:
+    def __init__(self, fifo: RealFIFO, known: Indexer) -> None:
         self.fifo = fifo
         self.known = known
         self.seen: list[tuple[str, str, bool]] = []
@@ -68,15 +65,14 @@ async def consuming(consumer: Consumer):  # type: ignore[no-untyped-def]
             await task
 
 
-def make(cls: type[FIFO], **kw: object) -> tuple[FIFO, Indexer, Consumer]:
+def make(**kw: object) -> tuple[RealFIFO, Indexer, Consumer]:
     known = Indexer()
-    fifo = cls(known_objects=known, **kw)  # type: ignore[arg-type]
+    fifo = RealFIFO(known_objects=known, **kw)  # type: ignore[arg-type]
     return fifo, known, Consumer(fifo, known)
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_checklist_20_tombstones_for_what_the_list_lacked(cls: type[FIFO]) -> None:
-    fifo, known, consumer = make(cls)
+async def test_checklist_20_tombstones_for_what_the_list_lacked() -> None:
+    fifo, known, consumer = make()
     known.update(pod("gone-known", 1))
     known.update(pod("kept", 1))
     await fifo.update(pod("gone-queued", 2))
@@ -94,7 +90,7 @@ async def test_checklist_20_tombstones_for_what_the_list_lacked(cls: type[FIFO])
 async def test_checklist_24_real_fifo_streamed_tombstones_follow_the_items() -> None:
     """Unlike the all-at-once replace (tombstones first, as client-go): what vanished is
     known only after the last item. Per key the order is the same either way."""
-    fifo, known, consumer = make(RealFIFO)
+    fifo, known, consumer = make()
     known.update(pod("gone-known", 1))
     await fifo.update(pod("gone-queued", 2))
     r = fifo.begin_replace()
@@ -111,11 +107,10 @@ async def test_checklist_24_real_fifo_streamed_tombstones_follow_the_items() -> 
     ]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_same_outcome_as_the_all_at_once_replace(cls: type[FIFO]) -> None:
+async def test_same_outcome_as_the_all_at_once_replace() -> None:
     outcomes = []
     for streamed in (False, True):
-        fifo, known, consumer = make(cls)
+        fifo, known, consumer = make()
         for name in ("a", "b", "c"):
             known.update(pod(name, 1))
         await fifo.update(pod("d", 2))
@@ -133,11 +128,10 @@ async def test_same_outcome_as_the_all_at_once_replace(cls: type[FIFO]) -> None:
     assert sorted(outcomes[0][1]) == sorted(outcomes[1][1]) == ["ns1/b", "ns1/c", "ns1/e"]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_checklist_22_items_pop_while_the_list_arrives_and_sync_waits_for_the_commit(
-    cls: type[FIFO],
-) -> None:
-    fifo, _, consumer = make(cls)
+async def test_checklist_22_items_pop_while_the_list_arrives_and_sync_waits_for_the_commit() -> (
+    None
+):
+    fifo, _, consumer = make()
     async with consuming(consumer):
         r = fifo.begin_replace()
         await r.add(pod("a"))
@@ -162,9 +156,8 @@ async def test_checklist_22_items_pop_while_the_list_arrives_and_sync_waits_for_
     ]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_an_aborted_replace_keeps_its_items_and_decides_nothing(cls: type[FIFO]) -> None:
-    fifo, known, consumer = make(cls)
+async def test_an_aborted_replace_keeps_its_items_and_decides_nothing() -> None:
+    fifo, known, consumer = make()
     known.update(pod("old", 1))
     r = fifo.begin_replace()
     await r.add(pod("a", 2))
@@ -185,9 +178,8 @@ async def test_an_aborted_replace_keeps_its_items_and_decides_nothing(cls: type[
         r.commit("8")
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_a_discarded_item_gets_a_tombstone(cls: type[FIFO]) -> None:
-    fifo, known, consumer = make(cls)
+async def test_a_discarded_item_gets_a_tombstone() -> None:
+    fifo, known, consumer = make()
     r = fifo.begin_replace()
     await r.add(pod("a"))
     await r.add(pod("b"))
@@ -198,9 +190,8 @@ async def test_a_discarded_item_gets_a_tombstone(cls: type[FIFO]) -> None:
     assert ("Deleted", "ns1/a") in [(t, k) for t, k, _ in consumer.seen]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_one_replace_at_a_time_and_no_resync_meanwhile(cls: type[FIFO]) -> None:
-    fifo, known, consumer = make(cls)
+async def test_one_replace_at_a_time_and_no_resync_meanwhile() -> None:
+    fifo, known, consumer = make()
     known.update(pod("k"))
     r = fifo.begin_replace()
     with pytest.raises(RuntimeError):
@@ -213,9 +204,8 @@ async def test_one_replace_at_a_time_and_no_resync_meanwhile(cls: type[FIFO]) ->
     assert len(fifo) == 0  # "k" was tombstoned by the commit: nothing known to resync
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_the_queue_stays_short_when_the_consumer_keeps_up(cls: type[FIFO]) -> None:
-    fifo, _, consumer = make(cls)
+async def test_the_queue_stays_short_when_the_consumer_keeps_up() -> None:
+    fifo, _, consumer = make()
     longest = 0
     async with consuming(consumer):
         r = fifo.begin_replace()
@@ -227,10 +217,9 @@ async def test_the_queue_stays_short_when_the_consumer_keeps_up(cls: type[FIFO])
     assert longest <= REPLACE_YIELD_EVERY
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_a_stuck_consumer_never_stops_a_replace(cls: type[FIFO]) -> None:
+async def test_a_stuck_consumer_never_stops_a_replace() -> None:
     """A LIST must finish within the server's timeout: it is not paced by ``max_queued``."""
-    fifo, _, consumer = make(cls, max_queued=10)
+    fifo, _, consumer = make(max_queued=10)
     consumer.gate.clear()
     async with consuming(consumer):
         r = fifo.begin_replace()
@@ -269,11 +258,10 @@ async def test_a_paced_replace_waits_for_room_and_an_unpaced_one_never_does() ->
     assert len(fifo) == 2
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_a_first_replace_into_nothing_keeps_no_key_set(cls: type[FIFO]) -> None:
+async def test_a_first_replace_into_nothing_keeps_no_key_set() -> None:
     """Nothing queued or known when it begins: nothing can vanish, so the listed keys
     (100k strings held for the whole list) are not kept; one known object: they are."""
-    fifo, _known, consumer = make(cls)
+    fifo, _known, consumer = make()
     r = fifo.begin_replace()
     assert r._keys is None
     await r.add(pod("a"))
@@ -286,9 +274,8 @@ async def test_a_first_replace_into_nothing_keeps_no_key_set(cls: type[FIFO]) ->
     assert ("Deleted", "ns1/a") in [(t, k) for t, k, _ in consumer.seen]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_an_item_discarded_then_handed_in_again_stays(cls: type[FIFO]) -> None:
-    fifo, known, consumer = make(cls)
+async def test_an_item_discarded_then_handed_in_again_stays() -> None:
+    fifo, known, consumer = make()
     r = fifo.begin_replace()
     await r.add(pod("a"))
     await r.add(pod("b"))

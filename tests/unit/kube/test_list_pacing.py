@@ -15,18 +15,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import orjson
-import pytest
 
-from bridge.kube.fifo import Delta, DeltaFIFO, DeltaType, RealFIFO
+from bridge.kube.fifo import Delta, DeltaType, RealFIFO
 from bridge.kube.liststream import ListBody
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
 from bridge.kube.protocols import ListOptions, ListStream
 from bridge.kube.reflector import Reflector, ReflectorSettings
 from bridge.kube.store import Indexer
 from tests.doubles.scripted import ScriptedListerWatcher
-
-FIFOS = [pytest.param(RealFIFO, id="real"), pytest.param(DeltaFIFO, id="delta")]
-FIFO = RealFIFO | DeltaFIFO
 
 N = 3000  # items in the list: far more than the FIFO's bound
 BOUND = 20
@@ -84,7 +80,7 @@ class BodyLister(ScriptedListerWatcher):
 class SlowConsumer:
     """An informer whose sink is slower than the list: a turn of the loop (or a sleep) per item."""
 
-    def __init__(self, fifo: FIFO, known: Indexer, lister: BodyLister, delay: float) -> None:
+    def __init__(self, fifo: RealFIFO, known: Indexer, lister: BodyLister, delay: float) -> None:
         self.fifo, self.known, self.lister, self.delay = fifo, known, lister, delay
         self.seen: list[tuple[DeltaType, str]] = []
         self.most_queued = 0
@@ -117,12 +113,12 @@ class SlowConsumer:
 
 
 async def run_list(
-    cls: type[FIFO], pace: float | None, delay: float = 0.0
+    pace: float | None, delay: float = 0.0
 ) -> tuple[SlowConsumer, BodyLister, Reflector]:
     known = Indexer()
     # Known before the list and absent from it: must come out as a tombstone, after the items.
     known.update({"kind": "Pod", "metadata": {"name": "gone", "namespace": "ns1", "uid": "g"}})
-    fifo = cls(known_objects=known, max_queued=BOUND)
+    fifo = RealFIFO(known_objects=known, max_queued=BOUND)
     lister = BodyLister(chunks=body_chunks(N))
     consumer = SlowConsumer(fifo, known, lister, delay)
     settings = ReflectorSettings(watch_list="off", page_size=None, list_pace_seconds=pace)
@@ -145,11 +141,8 @@ def assert_one_replace(consumer: SlowConsumer) -> None:
     assert consumer.seen[N:] == [(DeltaType.Deleted, "ns1/gone")]
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_a_list_waits_for_a_slow_consumer_instead_of_queueing_decoded_items(
-    cls: type[FIFO],
-) -> None:
-    consumer, _, reflector = await run_list(cls, pace=60.0)
+async def test_a_list_waits_for_a_slow_consumer_instead_of_queueing_decoded_items() -> None:
+    consumer, _, reflector = await run_list(pace=60.0)
     assert_one_replace(consumer)
     assert reflector.list_read_aheads == 0
     # The FIFO's bound holds for a LIST as for a watch: not N items, and the body
@@ -159,13 +152,10 @@ async def test_a_list_waits_for_a_slow_consumer_instead_of_queueing_decoded_item
     assert consumer.most_read_ahead <= BOUND + 1 + 3 * PER_CHUNK
 
 
-@pytest.mark.parametrize("cls", FIFOS)
-async def test_past_the_deadline_the_body_is_read_at_once_and_the_fifo_stays_bounded(
-    cls: type[FIFO],
-) -> None:
+async def test_past_the_deadline_the_body_is_read_at_once_and_the_fifo_stays_bounded() -> None:
     # ~3 s of consuming; the server would cut a read paced that long, so after
     # 0.2 s the rest of the body is read (held as bytes), the FIFO still bounded.
-    consumer, lister, reflector = await run_list(cls, pace=0.2, delay=0.001)
+    consumer, lister, reflector = await run_list(pace=0.2, delay=0.001)
     assert_one_replace(consumer)
     assert reflector.list_read_aheads == 1  # counted, so k8s_bridge_list_read_aheads_total shows it
     assert consumer.most_queued <= BOUND

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.kube.fifo import Delta, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject, namespace_key
@@ -47,7 +51,6 @@ async def test_checklist_24_strict_arrival_order_across_keys_one_delta_per_pop()
     await fifo.update(pod("a", 3))
     await fifo.delete(pod("b", 4))
     assert len(fifo) == 4
-    assert fifo.list_keys() == ["ns1/a", "ns1/b"]
 
     calls = await pop_all(fifo)
 
@@ -60,11 +63,19 @@ async def test_checklist_24_strict_arrival_order_across_keys_one_delta_per_pop()
     ]
 
 
-async def test_deletes_are_not_collapsed_or_filtered() -> None:
+async def test_checklist_19_no_deltas_merge_not_even_two_deletes() -> None:
     fifo = RealFIFO()
+    await fifo.add(pod("a", 1))
+    await fifo.update(pod("a", 2))
+    # Neither collapsed (as DeltaFIFO does) nor dropped as never seen.
+    await fifo.delete(DeletedFinalStateUnknown("ns1/never-seen", None))
     await fifo.delete(pod("never-seen"))
-    await fifo.delete(pod("never-seen"))
-    assert len(fifo) == 2
+    assert described(await pop_all(fifo)) == [
+        ("Added", "ns1/a"),
+        ("Updated", "ns1/a"),
+        ("Deleted", "ns1/never-seen"),
+        ("Deleted", "ns1/never-seen"),
+    ]
 
 
 async def test_checklist_24_replace_puts_tombstones_before_the_replaced_items() -> None:
@@ -110,10 +121,34 @@ async def test_checklist_20_known_key_without_object_gets_an_empty_tombstone() -
     assert calls[0][0] == [Delta(DeltaType.Deleted, DeletedFinalStateUnknown("ns1/lost", None))]
 
 
-async def test_replace_emits_sync_when_replaced_type_is_off() -> None:
-    fifo = RealFIFO(emit_delta_type_replaced=False)
+async def test_checklist_20_relist_missing_a_queued_key_uses_its_newest_queued_state() -> None:
+    fifo = RealFIFO()
+    await fifo.add(pod("q", 1))
+    await fifo.update(pod("q", 2))
+
+    await fifo.replace([], "10")
+
+    calls = await pop_all(fifo)
+    assert calls[-1][0] == [
+        Delta(DeltaType.Deleted, DeletedFinalStateUnknown("ns1/q", pod("q", 2)))
+    ]
+
+
+async def test_checklist_22_an_empty_first_list_syncs_at_once() -> None:
+    fifo = RealFIFO()
+    waiter = asyncio.create_task(fifo.wait_for_sync())
+    await fifo.replace([], "1")
+    await asyncio.wait_for(waiter, 1)
+    assert fifo.has_synced()
+
+
+async def test_only_the_first_replace_sets_the_initial_population() -> None:
+    fifo = RealFIFO()
     await fifo.replace([pod("a")], "1")
-    assert described(await pop_all(fifo)) == [("Sync", "ns1/a")]
+    await pop_all(fifo)
+    assert fifo.has_synced()
+    await fifo.replace([pod("a"), pod("b")], "2")
+    assert fifo.has_synced()
 
 
 async def test_checklist_22_has_synced_after_everything_queued_by_the_first_replace_is_processed() -> (
@@ -155,6 +190,48 @@ async def test_checklist_23_resync_without_known_objects_queues_nothing() -> Non
     fifo = RealFIFO()
     await fifo.resync()
     assert len(fifo) == 0
+
+
+async def test_pop_waits_for_an_item() -> None:
+    fifo = RealFIFO()
+    popped: list[list[Delta]] = []
+
+    async def record(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        popped.append(deltas)
+
+    waiter = asyncio.create_task(fifo.pop(record))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiter.done()
+    await fifo.add(pod("a"))
+    await asyncio.wait_for(waiter, 1)
+    assert [d.type for d in popped[0]] == [DeltaType.Added]
+
+
+async def test_a_closed_fifo_still_hands_over_what_it_holds_then_fails() -> None:
+    fifo = RealFIFO()
+    await fifo.add(pod("a"))
+    fifo.close()
+    assert described(await pop_all(fifo)) == [("Added", "ns1/a")]
+    with pytest.raises(FIFOClosedError):
+        await pop_all_or_fail(fifo)
+
+
+async def pop_all_or_fail(fifo: RealFIFO) -> None:
+    async def never(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        raise AssertionError("nothing to process")
+
+    await asyncio.wait_for(fifo.pop(never), 1)
+
+
+async def test_close_releases_a_blocked_producer() -> None:
+    fifo = RealFIFO(max_queued=1)
+    await fifo.add(pod("a"))
+    blocked = asyncio.create_task(fifo.update(pod("b")))
+    await asyncio.sleep(0)
+    assert not blocked.done()
+    fifo.close()
+    await asyncio.wait_for(blocked, 1)
 
 
 async def test_close_wakes_a_waiting_pop() -> None:
@@ -272,3 +349,83 @@ async def test_deltas_left_in_a_cancelled_batch_never_count_as_processed() -> No
     assert fifo.processed_total == 2
     assert not fifo.has_synced()
     assert fifo.is_idle()  # nothing in process, nothing queued: the three are gone
+
+
+# -- model check: the FIFO feeds a cache that ends equal to the latest state ----------
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["add", "update", "delete"]), st.sampled_from("abcde")),
+        st.tuples(st.just("replace"), st.frozensets(st.sampled_from("abcde"))),
+        st.tuples(st.just("resync"), st.none()),
+        st.tuples(st.just("pop"), st.none()),
+    ),
+    max_size=40,
+)
+
+
+def run_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Drive a coroutine that must finish without suspending.
+
+    With no ``max_queued`` and items present, the FIFO's methods never wait: driving
+    them by hand keeps hundreds of examples fast and checks that, too.
+    """
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("a FIFO operation suspended where it must not")
+
+
+def apply(cache: Indexer, deltas: list[Delta]) -> None:
+    """HandleDeltas, minus the handlers."""
+    for d in deltas:
+        if d.type is DeltaType.Deleted:
+            cache.delete(d.object)
+        else:
+            assert not isinstance(d.object, DeletedFinalStateUnknown)
+            cache.update(d.object)
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=ops)
+def test_random_operations_leave_the_cache_equal_to_the_latest_state(
+    script: list[tuple[str, Any]],
+) -> None:
+    cache = Indexer()
+    fifo = RealFIFO(known_objects=cache)
+    model: dict[str, RawObject] = {}
+    rv = 0
+
+    async def process(deltas: list[Delta], is_in_initial_list: bool) -> None:
+        apply(cache, deltas)
+
+    for op, arg in script:
+        rv += 1
+        if op in ("add", "update"):
+            obj = pod(arg, rv)
+            run_now(getattr(fifo, op)(obj))
+            model[namespace_key(obj)] = obj
+        elif op == "delete":
+            key = f"ns1/{arg}"
+            # The reflector deletes what the server deleted: the last state it saw.
+            run_now(fifo.delete(model.get(key, pod(arg, rv))))
+            model.pop(key, None)
+        elif op == "replace":
+            items = [pod(name, rv) for name in sorted(arg)]
+            run_now(fifo.replace(items, str(rv)))
+            model = {namespace_key(o): o for o in items}
+        elif op == "resync":
+            run_now(fifo.resync())
+        elif op == "pop" and len(fifo):
+            run_now(fifo.pop(process))
+
+    while len(fifo):
+        run_now(fifo.pop(process))
+
+    assert {k: cache.get_by_key(k) for k in cache.list_keys()} == model
+    if script:
+        assert fifo.has_synced() or not any(
+            op in ("add", "update", "delete", "replace") for op, _ in script
+        )

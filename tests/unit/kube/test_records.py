@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bridge.delivery.changes import ChangeDetector, ChangeKind, Fingerprinter
 from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
 from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
-from bridge.kube.store import NAMESPACE_INDEX, Indexer
+from bridge.kube.store import Indexer
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 FP = "00112233445566778899aabbccddeeff"
@@ -70,23 +70,20 @@ def test_every_record_gives_back_exactly_what_it_was_made_of(
     assert fields(make_record(key, uid, rv, fp, unconfirmed)) == (key, uid, rv, fp, unconfirmed)
 
 
-def test_records_are_keyed_and_indexed_by_namespace() -> None:
+def test_records_are_kept_by_key() -> None:
     store = Indexer()
     store.add(make_record("ns1/a", UID, "5", FP))
     store.add(make_record("ns2/b", str(uuid.uuid4()), "6", FP))
     store.add(make_record("cluster-wide", "u", "7", "f"))
     assert namespace_key(make_record("ns1/a", UID, "5", FP)) == "ns1/a"
-    assert store.index_keys(NAMESPACE_INDEX, "ns1") == ["ns1/a"]
-    assert store.index_keys(NAMESPACE_INDEX, "") == ["cluster-wide"]
     store.update(make_record("ns1/a", UID, "8", FP))
     assert store.get_by_key("ns1/a") == make_record("ns1/a", UID, "8", FP)
     assert resource_version(store.get_by_key("ns1/a") or {}) == "8"
     # A packed store lists by bucket, not in insertion order (as client-go's map).
     assert {r.key: r for r in store.list()}["ns1/a"] == make_record("ns1/a", UID, "8", FP)
     assert sorted(store.list_keys()) == ["cluster-wide", "ns1/a", "ns2/b"]
-    assert store.by_index(NAMESPACE_INDEX, "ns1") == [make_record("ns1/a", UID, "8", FP)]
     store.delete_by_key("ns1/a")
-    assert store.list_index_func_values(NAMESPACE_INDEX) == ["", "ns2"]
+    assert sorted(store.list_keys()) == ["cluster-wide", "ns2/b"]
 
 
 def pod(uid: str, rv: str, image: str = "v1") -> dict[str, object]:
@@ -145,7 +142,7 @@ def test_bulk_conversion_of_checkpoint_rows_is_make_record(
 def test_a_key_moves_between_the_packed_table_and_the_dict_with_its_layout() -> None:
     """Packed records live in the compact table; loose records (and keys the table
     cannot hold) in a dict. A key is in one of them, whichever layout it has now."""
-    store = Indexer(by_namespace=False)
+    store = Indexer()
     store.update(make_record("ns/a", UID, "5", FP))
     store.update(make_record("ns/a", "not-a-uuid", "6", FP))  # loose now
     assert len(store) == 1
@@ -167,7 +164,7 @@ def test_a_key_moves_between_the_packed_table_and_the_dict_with_its_layout() -> 
 
 
 def test_a_restart_fills_the_packed_table_in_bulk_with_the_last_record_of_a_key() -> None:
-    store = Indexer(by_namespace=False)
+    store = Indexer()
     records = [make_record(f"ns/p{i}", str(uuid.uuid4()), str(i + 1), FP) for i in range(3000)]
     records.append(make_record("ns/p7", UID, "9999", FP))
     store.replace(records, "10000")
@@ -180,7 +177,7 @@ def test_a_restart_listing_a_key_in_both_layouts_keeps_the_last() -> None:
     loose = make_record("ns/a", "not-a-uuid", "6", FP)
     packed = make_record("ns/a", UID, "7", FP)
     for items, last in (([packed, loose], loose), ([loose, packed], packed)):
-        store = Indexer(by_namespace=False)
+        store = Indexer()
         store.replace(items, "7")
         assert len(store) == 1
         assert store.list() == [last]
