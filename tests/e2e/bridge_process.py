@@ -173,6 +173,60 @@ async def jetstream_events(url: str, stream: str = "K8S") -> list[dict[str, Any]
         await nc.close()
 
 
+async def probe(
+    emulator: Any,
+    url: str,
+    obj: dict[str, Any],
+    timeout: float = 20.0,
+    message: Callable[[], str] | None = None,
+) -> None:
+    """Create ``obj`` and wait until its event is in the stream. A resource's changes
+    are decided and published in order, so whatever the bridge would publish of what
+    came before (a change it should have suppressed, a restart's republish) is in the
+    stream by then: "nothing else came" holds for good, not for a while. The probe
+    must be of the resource whose extra events are in question, and in view."""
+    emulator.create(obj)
+    md, kind = obj["metadata"], obj["kind"]
+    subject = f"{md['namespace']}/{md['name']}" if md.get("namespace") else md["name"]
+
+    async def arrived() -> bool:
+        return any(
+            e.get("subject") == subject and f".{kind}." in e.get("type", "")
+            for e in await jetstream_events(url)
+        )
+
+    await until(arrived, timeout, message)
+
+
+def published(metrics: str, resource: str = "v1/pods") -> float:
+    """The bridge's events_published_total of ``resource``, every type summed."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if (
+            line.startswith("k8s_bridge_events_published_total{")
+            and f'resource="{resource}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def published_once(bridge: BridgeProcess, want: int, resource: str = "v1/pods") -> float:
+    """The bridge's published count of ``resource`` once it has reached ``want``; the
+    caller asserts it is no more. Unlike the stream, which drops a republish of the
+    same id, it counts everything the pipeline published."""
+
+    async def reached() -> bool:
+        return published(await bridge.metrics(), resource) >= want
+
+    await until(reached, 20, bridge.tail_log)
+    return published(await bridge.metrics(), resource)
+
+
+def without(events: list[dict[str, Any]], *names: str) -> list[dict[str, Any]]:
+    """``events`` but those of the probes ``names``."""
+    return [e for e in events if str(e.get("subject", "")).rpartition("/")[2] not in names]
+
+
 def changes(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(kind, change, subject) of each event, in bus order."""
     return [(e["type"].split(".")[-2], e["type"].rsplit(".", 1)[-1], e["subject"]) for e in events]

@@ -24,7 +24,10 @@ from tests.e2e.bridge_process import (
     changes,
     jetstream_events,
     kill9,
+    probe,
+    published_once,
     until,
+    without,
     write_config,
 )
 from tests.fixtures.nats import NatsServer
@@ -112,8 +115,10 @@ async def test_live_changes_reach_jetstream_once_in_order_as_cloudevents(
             return len(await events_now(nats_control)) >= 6
 
         await until(all_arrived, 20, bridge.tail_log)
-        await asyncio.sleep(0.5)  # anything extra would arrive now
-        events = await events_now(nats_control)
+        # The conditions-only change is ignored: were it published, it would be in
+        # the stream before the probe.
+        await probe(emulator, nats_control.url, pod("probe"), message=bridge.tail_log)
+        events = without(await events_now(nats_control), "probe")
     finally:
         assert await bridge.stop() == 0
     got = changes(events)
@@ -181,8 +186,10 @@ async def test_kill9_then_changes_and_compaction_then_restart_publishes_exactly_
             return len(await events_now(nats_control)) >= 6
 
         await until(three_more, 20, bridge.tail_log)
-        await asyncio.sleep(0.5)
-        events = await events_now(nats_control)
+        await probe(emulator, nats_control.url, pod("probe"), message=bridge.tail_log)
+        # The missed three and the probe; "keep" (an ignored field) not again.
+        assert await published_once(bridge, 4) == 4
+        events = without(await events_now(nats_control), "probe")
         metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0
@@ -200,15 +207,17 @@ async def test_graceful_restart_without_changes_publishes_nothing(
 ) -> None:
     emulator.create(pod("a"))
     emulator.create(pod("b"))
-    for _ in range(2):
+    for i, want in enumerate((3, 1)):  # a, b and a probe; then the probe alone
         bridge = BridgeProcess(config)
         await bridge.start()
         try:
             await bridge.wait_ready()
-            await asyncio.sleep(0.5)
+            await probe(emulator, nats_control.url, pod(f"probe{i}"), message=bridge.tail_log)
+            assert await published_once(bridge, want) == want
         finally:
             assert await bridge.stop(signal.SIGINT) == 0
-    assert len(await events_now(nats_control)) == 2
+    subjects = [e["subject"] for e in await events_now(nats_control)]
+    assert sorted(subjects) == ["default/a", "default/b", "default/probe0", "default/probe1"]
 
 
 async def test_bus_down_then_back_loses_nothing_and_checkpoint_waits(
@@ -268,8 +277,11 @@ async def test_dropped_watches_lose_nothing_and_republish_nothing(
             return len(await events_now(nats_control)) >= 4
 
         await until(four, 20, bridge.tail_log)
-        await asyncio.sleep(0.5)
-        events = await events_now(nats_control)
+        # A resumed watch republishes nothing: the probe comes next, and the count
+        # (which the stream's duplicate window cannot hide) is four and the probe.
+        await probe(emulator, nats_control.url, pod("probe"), message=bridge.tail_log)
+        assert await published_once(bridge, 5) == 5
+        events = without(await events_now(nats_control), "probe")
         metrics = await bridge.metrics()
     finally:
         assert await bridge.stop() == 0
