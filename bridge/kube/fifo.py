@@ -178,10 +178,6 @@ class RealFIFO:
             self._populated = True
             self._synced_waiters.notify_all()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Wake every waiter; ``pop`` raises ``FIFOClosedError`` once the queue is drained."""
         self._closed = True

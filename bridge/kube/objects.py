@@ -30,12 +30,6 @@ class WatchEvent(TypedDict):
     object: RawObject
 
 
-class ListMeta(TypedDict, total=False):
-    resourceVersion: str
-    # "continue" is a Python keyword: read it with meta.get("continue").
-    remainingItemCount: int
-
-
 class ListResponse(TypedDict, total=False):
     apiVersion: str
     kind: str
