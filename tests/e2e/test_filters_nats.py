@@ -9,7 +9,6 @@ does not compile in one line.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,10 @@ from tests.e2e.bridge_process import (
     cli,
     jetstream_events,
     kill9,
+    probe,
+    published_once,
     until,
+    without,
     write_config,
 )
 from tests.e2e.test_run_nats import pod, watermark
@@ -34,6 +36,11 @@ FAILED = "object.status.phase == 'Failed'"
 
 def phase(emulator: Emulator, name: str, value: str) -> dict[str, Any]:
     return emulator.patch("v1", "Pod", name, {"status": {"phase": value}}, namespace="default")
+
+
+def failed(name: str) -> dict[str, Any]:
+    """A pod in view from the start."""
+    return {**pod(name), "status": {"phase": "Failed"}}
 
 
 def config_with(tmp_path: Path, kubeconfig: Path, nats: NatsServer, expression: str) -> Path:
@@ -94,10 +101,12 @@ async def test_only_failed_pods_reach_the_bus_and_a_restart_is_exact(
     try:
         await bridge.wait_ready()
         await until(lambda: _count(nats_control, 5), 20, bridge.tail_log)
-        await asyncio.sleep(1.0)  # anything extra would arrive now
+        # Anything extra (the out-of-view delete, a republish) would come before it.
+        await probe(emulator, nats_control.url, failed("probe"), message=bridge.tail_log)
+        assert await published_once(bridge, 3) == 3
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
-    events = await jetstream_events(nats_control.url)
+    events = without(await jetstream_events(nats_control.url), "probe")
     # Across objects there is no order (a relist announces adds before deletes).
     assert sorted(summary(events)[3:]) == [("added", "default/new"), ("deleted", "default/ok")]
 
@@ -135,11 +144,15 @@ async def test_replay_applies_the_filter_as_the_running_bridge_did(
         phase(emulator, "a", "Running")  # leaves
         emulator.delete("v1", "Pod", "a", namespace="default")  # out of view: nothing
         await until(lambda: _count(nats_control, 2), 20, bridge.tail_log)
-        await asyncio.sleep(0.5)
+        await probe(emulator, nats_control.url, failed("probe"), message=bridge.tail_log)
     finally:
         assert await bridge.stop() == 0, bridge.tail_log()
     live = await jetstream_events(nats_control.url)
-    assert summary(live) == [("added", "default/a"), ("filtered", "default/a")]
+    assert summary(live) == [
+        ("added", "default/a"),
+        ("filtered", "default/a"),
+        ("added", "default/probe"),
+    ]
     rc, _, err = await cli(
         "replay", "--config", str(config), "--resource", "Pod", "--from-resource-version", str(mid)
     )
