@@ -246,7 +246,7 @@ async def test_checklist_28_recreation_while_disconnected_is_an_update_with_anot
     assert new["metadata"]["uid"] == "uid-new"
 
 
-# -- sync tracking and late handlers ----------------------------------------------
+# -- sync tracking ----------------------------------------------------------------
 
 
 async def test_checklist_22_not_synced_until_the_last_initial_item_was_handled() -> None:
