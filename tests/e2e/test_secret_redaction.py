@@ -7,7 +7,6 @@ kubectl apply copies the whole manifest, values included, into the
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from pathlib import Path
 
@@ -16,7 +15,14 @@ import pytest
 
 from bridge.delivery.events import LAST_APPLIED, REDACTED
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    jetstream_events,
+    probe,
+    until,
+    without,
+    write_config,
+)
 from tests.e2e.kubectl import kubectl
 from tests.fixtures.nats import NatsServer
 
@@ -33,6 +39,13 @@ type: Opaque
 data: {password: PASSWORD_B64}
 stringData: {token: TOKEN}
 """
+
+PROBE = {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": "probe", "namespace": "default"},
+    "type": "Opaque",
+}
 
 
 def write_manifest(path: Path, password: str, token: str) -> Path:
@@ -76,8 +89,9 @@ async def test_kubectl_applied_secret_values_never_reach_the_bus(
             return len(await jetstream_events(nats_control.url)) >= 3
 
         await until(three_events, 20, bridge.tail_log)
-        await asyncio.sleep(0.3)  # anything extra would arrive now
-        events = await jetstream_events(nats_control.url)
+        # Anything extra about "creds" would be in the stream before the probe.
+        await probe(emulator, nats_control.url, PROBE, message=bridge.tail_log)
+        events = without(await jetstream_events(nats_control.url), "probe")
     finally:
         assert await bridge.stop() == 0
     assert [e["type"].rsplit(".", 1)[-1] for e in events] == ["added", "modified", "deleted"]
