@@ -93,7 +93,7 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
     from bridge.delivery.changes import ChangeDetector, Fingerprinter
     from bridge.delivery.events import EventBuilder
     from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
-    from bridge.sinks.memory import MemorySink
+    from tests.doubles.memory_sink import MemorySink
     from tests.doubles.scripted import HANG, ScriptedListerWatcher
 
     lw = ScriptedListerWatcher()

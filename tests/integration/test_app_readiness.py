@@ -23,7 +23,7 @@ from bridge.emulator import Emulator
 from bridge.errors import UnknownKindError
 from bridge.service.app import BridgeApp
 from bridge.service.settings import Settings, load_settings
-from bridge.sinks.memory import MemorySink
+from tests.doubles.memory_sink import MemorySink
 from tests.e2e.bridge_process import until
 from tests.fixtures.nats import NatsServer
 

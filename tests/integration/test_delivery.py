@@ -20,7 +20,7 @@ from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
-from bridge.sinks.memory import MemorySink
+from tests.doubles.memory_sink import MemorySink
 from tests.integration.test_pipeline import (
     FAST,
     Harness,

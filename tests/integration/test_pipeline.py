@@ -26,7 +26,7 @@ from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
 from bridge.service.wiring import object_decoder
-from bridge.sinks.memory import MemorySink
+from tests.doubles.memory_sink import MemorySink
 
 pytestmark = pytest.mark.integration
 

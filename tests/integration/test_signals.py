@@ -28,8 +28,8 @@ from bridge.delivery.pipeline import ResourcePipeline
 from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
 from bridge.kube.records import is_record, make_record
-from bridge.sinks.memory import MemorySink
 from bridge.sinks.nats import NatsSink
+from tests.doubles.memory_sink import MemorySink
 from tests.integration.test_pipeline import FAST, Harness, commit_cycles, pod, wait_for
 
 pytestmark = pytest.mark.integration

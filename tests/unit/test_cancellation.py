@@ -20,7 +20,7 @@ import pytest
 from bridge.delivery.events import Event
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.kube.liststream import _ReadAhead
-from bridge.sinks.memory import MemorySink
+from tests.doubles.memory_sink import MemorySink
 from tests.unit.test_signals import Source
 
 ROOT = Path(__file__).resolve().parents[2]

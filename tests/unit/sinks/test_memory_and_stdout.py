@@ -12,8 +12,8 @@ from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.sinks import Sink
-from bridge.sinks.memory import MemorySink
 from bridge.sinks.stdout import StdoutSink
+from tests.doubles.memory_sink import MemorySink
 
 detector = ChangeDetector(Fingerprinter([]))
 builder = EventBuilder(cluster="c", group="", version="v1", kind="Pod", plural="pods")
