@@ -5,7 +5,7 @@ A Reflector fills a RealFIFO; one processing loop pops it, keeps the cache
 handler stops the loop, the FIFO fills up to ``max_queued``, and the reflector
 waits, which is how a slow sink slows the watch instead of growing memory.
 
-Only what the bridge runs is here (docs/architecture-informer.md says why):
+Only what the bridge runs is here (docs/architecture.md says why):
 one FIFO, client-go's ``RealFIFO`` (its default since 1.33, strict arrival
 order, which ties the reflector's resourceVersion to the handler's progress),
 and one handler given at construction. client-go's ``SharedIndexInformer`` also
