@@ -198,19 +198,20 @@ async def probe(
     await until(arrived, timeout, message)
 
 
-def published(metrics: str, resource: str = "v1/pods") -> float:
-    """The bridge's events_published_total of ``resource``, every type summed."""
+def published(metrics: str, resource: str | None = "v1/pods") -> float:
+    """The bridge's events_published_total of ``resource`` (None: of all), every type summed."""
     total = 0.0
     for line in metrics.splitlines():
-        if (
-            line.startswith("k8s_bridge_events_published_total{")
-            and f'resource="{resource}"' in line
+        if line.startswith("k8s_bridge_events_published_total{") and (
+            resource is None or f'resource="{resource}"' in line
         ):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
 
-async def published_once(bridge: BridgeProcess, want: int, resource: str = "v1/pods") -> float:
+async def published_once(
+    bridge: BridgeProcess, want: int, resource: str | None = "v1/pods"
+) -> float:
     """The bridge's published count of ``resource`` once it has reached ``want``; the
     caller asserts it is no more. Unlike the stream, which drops a republish of the
     same id, it counts everything the pipeline published."""

@@ -28,7 +28,15 @@ from typing import Any
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    jetstream_events,
+    kill9,
+    probe,
+    until,
+    without,
+    write_config,
+)
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -161,7 +169,12 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
         handover = time.monotonic() - killed_at
         # Not before the lease (as last renewed) ran out; not much after it.
         assert LEASE - RETRY - 0.5 <= handover <= 2 * LEASE + 2, handover
-        await asyncio.sleep(1.0)  # changes keep coming under the new leader
+
+        # Changes keep coming until the new leader has published some of them.
+        async def b_publishes() -> bool:
+            return published_total(await b.metrics()) >= 5
+
+        await until(b_publishes, 20, b.tail_log)
         await churn.stop()
         made = set(churn.made)
 
@@ -170,8 +183,9 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
             return {(e["subject"], e["resourceversion"]) for e in events} >= made
 
         await until(all_there, 20, b.tail_log)
-        await asyncio.sleep(0.5)  # anything extra would arrive now
-        events = await jetstream_events(nats_control.url)
+        # A duplicate or a stray change would be in the stream before the probe.
+        await probe(emulator, nats_control.url, pod("probe"), message=b.tail_log)
+        events = without(await jetstream_events(nats_control.url), "probe")
         b_metrics = await b.metrics()
         lease = emulator.get("coordination.k8s.io/v1", "Lease", "k8s-bridge", namespace="default")
     finally:

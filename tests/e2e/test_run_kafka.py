@@ -8,7 +8,6 @@ never in the bytes, and nothing new after a graceful restart.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import uuid
 from pathlib import Path
@@ -20,7 +19,13 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from cloudevents.v1.http import from_json
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, kafka_sink, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    kafka_sink,
+    published_once,
+    until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -75,11 +80,16 @@ class Topic:
 
         await until(enough, timeout, lambda: f"{len(self.records)} of {n} records on {self.name}")
 
-    async def settle(self, seconds: float = 1.0) -> None:
-        """Keep reading for a while: anything extra would arrive now."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while loop.time() < end:
+    async def to_end(self) -> None:
+        """Read up to the end offsets the topic has now: every record acknowledged so
+        far. After the bridge's published count reached its value, nothing it
+        published is missing, and nothing extra it published can be hidden."""
+        consumer = self._consumer
+        assert consumer is not None
+        while not consumer.assignment():  # no group: every partition, once known
+            await self.poll()
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
             await self.poll()
 
 
@@ -143,7 +153,8 @@ async def test_initial_and_live_changes_reach_the_topic_keyed_with_headers_in_or
         emulator.delete("v1", "Pod", "before", namespace="default")
         async with Topic(kafka_broker, topic) as t:
             await t.at_least(8, 30)
-            await t.settle(1.0)
+            assert await published_once(bridge, 8, resource=None) == 8
+            await t.to_end()
             records = t.records
     finally:
         assert await bridge.stop() == 0
@@ -215,12 +226,13 @@ async def test_graceful_restart_publishes_nothing_new(
     await bridge.start()
     try:
         await bridge.wait_ready(30)
-        await asyncio.sleep(1.0)  # two flush intervals of 0.1 s and more
         # A change after the restart does arrive: the second run is live, not just idle.
+        # Anything the restart republished would be counted before it.
         emulator.patch("v1", "Pod", "a", {"status": {"phase": "Running"}}, namespace="default")
+        assert await published_once(bridge, 1, resource=None) == 1
         async with Topic(kafka_broker, topic) as t:
             await t.at_least(4, 30)
-            await t.settle(1.0)
+            await t.to_end()
             records = t.records
     finally:
         assert await bridge.stop(signal.SIGINT) == 0

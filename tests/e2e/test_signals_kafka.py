@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, cli, kafka_sink, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, kafka_sink, published_once, write_config
 from tests.e2e.test_run_kafka import Topic, decoded, pod
 from tests.e2e.test_signals_nats import pods_with_heartbeats
 
@@ -43,7 +43,8 @@ async def test_heartbeats_and_a_snapshot_signal_reach_kafka(
             rc, out, err = await cli("snapshot", "--config", str(config), "--resource", "Pod")
             assert rc == 0, err
             await changes.at_least(10)
-            await changes.settle(0.5)
+            assert await published_once(bridge, 10) == 10
+            await changes.to_end()
         async with Topic(kafka_broker, f"{topic}.heartbeats") as beats:
             await beats.at_least(3, timeout=20)
     finally:
