@@ -7,6 +7,7 @@ each replica has its own client and connection, as two pods would.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -85,6 +86,11 @@ async def until(cond: Callable[[], bool], timeout: float) -> None:
     async with asyncio.timeout(timeout):
         while not cond():
             await asyncio.sleep(0.02)
+
+
+def agree_on(electors: dict[int, LeaderElector], holder: str) -> bool:
+    """Every elector has read the record ``holder`` holds (and so tried and lost)."""
+    return all(e.observed_holder == holder for e in electors.values())
 
 
 async def cancel(task: asyncio.Task[None]) -> None:
@@ -188,7 +194,7 @@ async def test_racing_candidates_never_both_lead(clients: list[KubeClient]) -> N
         for _ in range(2):
             await until(lambda: any(e.is_leader for e in electors.values()), timeout=10)
             leader = next(i for i, e in electors.items() if e.is_leader)
-            await asyncio.sleep(0.5)
+            await until(functools.partial(agree_on, electors, electors[leader].identity), 10)
             assert sum(e.is_leader for e in electors.values()) == 1
             await cancel(tasks[leader])  # crash the leader, then restart it as a candidate
             start(leader)

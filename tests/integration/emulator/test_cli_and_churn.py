@@ -14,6 +14,7 @@ import yaml
 
 from bridge.emulator import Emulator
 from bridge.emulator.churn import ChurnGenerator
+from tests.integration.test_pipeline import wait_for_async
 
 
 async def test_module_serves_writes_kubeconfig_and_exits_zero_on_sigterm(tmp_path: Path) -> None:
@@ -43,9 +44,12 @@ async def test_module_serves_writes_kubeconfig_and_exits_zero_on_sigterm(tmp_pat
                 assert r.status == 200
             async with http.get("/apis/example.com/v1/widgets") as r:
                 assert r.status == 200
-            await asyncio.sleep(0.5)
-            async with http.get("/api/v1/pods") as r:
-                assert len((await r.json())["items"]) > 0
+
+            async def churned() -> bool:
+                async with http.get("/api/v1/pods") as r:
+                    return len((await r.json())["items"]) > 0
+
+            await wait_for_async(churned, 10)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 10)
