@@ -114,8 +114,13 @@ async def test_not_ready_until_informers_synced_then_ready(
     app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
     async with running(app) as r:
         await until(lambda: app.pipelines, 10, lambda: "pipelines did not start")
-        # Give the informers every chance to (wrongly) report synced.
-        await asyncio.sleep(0.5)
+
+        # Both informers are inside their (stalled) streaming lists: an informer that
+        # reported synced before the list ends would by now.
+        def watched() -> set[str]:
+            return {q.path.rpartition("/")[2] for q in emulator.requests if q.query.get("watch")}
+
+        await until(lambda: watched() >= {"pods", "widgets"}, 10, lambda: "no watch-lists")
         code, body = await r.readyz()
         assert code == 503, body
         assert "v1/pods: not synced" in body and "example.com/v1/widgets: not synced" in body
