@@ -62,7 +62,7 @@ async def test_closing_a_list_body_keeps_a_cancellation_of_the_closer() -> None:
     """``task.cancel(); with suppress(CancelledError): await task`` drops the awaiting
     task's own cancellation when it arrives while the other task winds down."""
     wound_down = asyncio.Event()
-    reading = asyncio.Event()
+    reading, winding = asyncio.Event(), asyncio.Event()
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -70,15 +70,15 @@ async def test_closing_a_list_body_keeps_a_cancellation_of_the_closer() -> None:
             await asyncio.Event().wait()  # the server has not sent the next chunk yet
             yield b""
         except asyncio.CancelledError:
+            winding.set()
             await wound_down.wait()  # a connection that takes a while to let go
             raise
 
     ahead = _ReadAhead(body(), asyncio.get_running_loop().time() + 60)
     await reading.wait()
     closer = asyncio.create_task(ahead.aclose())
-    await asyncio.sleep(0.01)  # the closer waits for the read task to wind down
+    await winding.wait()  # the closer cancelled the read task and waits for it
     closer.cancel()
-    await asyncio.sleep(0.01)
     wound_down.set()
     await asyncio.gather(closer, return_exceptions=True)
     assert closer.cancelled()
