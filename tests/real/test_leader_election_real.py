@@ -229,7 +229,12 @@ async def test_kill9_failover_under_churn_on_real_leases(
         last_renewal = kube_cluster.get("coordination.k8s.io/v1", "Lease", LEASE_NAME, ns)
         await until(lambda: is_leader(b), 4 * LEASE + 10, b.tail_log)
         takeover = time.monotonic() - killed_at
-        await asyncio.sleep(1.5)  # changes keep coming under the new leader
+
+        # Changes keep coming until the new leader has published some of them.
+        async def b_publishes() -> bool:
+            return published_total(await b.metrics()) >= 5
+
+        await until(b_publishes, 30, b.tail_log)
         await churn.stop()
 
         def current() -> dict[str, str]:
