@@ -77,17 +77,19 @@ async def records_on(kafka_broker: str, topic: str, expected: int) -> int:
     return n
 
 
-async def take(
-    events: AsyncGenerator[ReceivedEvent, None], n: int, idle: float
+async def take_until(
+    events: AsyncGenerator[ReceivedEvent, None], last: str, timeout: float = 20.0
 ) -> list[ReceivedEvent]:
-    """Up to ``n`` events, stopping after ``idle`` seconds without one."""
+    """Every event consumed up to the one with id ``last``. Published after the others
+    to the topic's one partition, it comes after anything that should have been
+    dropped: nothing else is waited for."""
     got: list[ReceivedEvent] = []
     try:
-        while len(got) < n:
-            try:
-                got.append(await asyncio.wait_for(anext(events), idle))
-            except TimeoutError:
-                break
+        async with asyncio.timeout(timeout):
+            async for e in events:
+                got.append(e)
+                if e.id == last:
+                    break
     finally:
         await events.aclose()
     return got
@@ -102,14 +104,14 @@ async def test_the_same_event_published_twice_is_consumed_once(
     # The redelivery is a new encoding (a new observed time) of the same change: same id.
     (again,) = [builder.build(c) for c in detector.on_add(configmap("a", 1, "x"))]
     assert again.id == added.id
-    await publish(kafka_broker, topic, [added, changed, again])
-    assert await records_on(kafka_broker, topic, 3) == 3  # Kafka kept the duplicate
+    (last,) = [builder.build(c) for c in detector.on_add(configmap("z", 9, "z"))]
+    await publish(kafka_broker, topic, [added, changed, again, last])
+    assert await records_on(kafka_broker, topic, 4) == 4  # Kafka kept the duplicate
 
     settings = settings_for(kafka_broker, topic, tmp_path)
-    # Ask for one more than can come: the redelivery must not fill the gap.
-    got = await take(consume(settings, from_start=True), 3, idle=2.0)
-    assert [e.id for e in got] == ["uid-a:1", "uid-a:2"]
-    assert [e.change for e in got] == ["added", "modified"]
+    got = await take_until(consume(settings, from_start=True), last.id)
+    assert [e.id for e in got] == ["uid-a:1", "uid-a:2", "uid-z:9"]
+    assert [e.change for e in got] == ["added", "modified", "added"]
     assert got[1].object["data"] == {"k": "y"}
 
 
@@ -124,11 +126,11 @@ async def test_a_shared_deduplicator_drops_what_an_earlier_consumer_saw(
     await publish(kafka_broker, topic, events)
     settings = settings_for(kafka_broker, topic, tmp_path)
     dedupe = Deduplicator()
-    first = await take(consume(settings, from_start=True, dedupe=dedupe), 3, idle=2.0)
+    first = await take_until(consume(settings, from_start=True, dedupe=dedupe), events[-1].id)
     assert len(first) == 3
     more = [builder.build(c) for c in detector.on_add(configmap("c9", 9, "v"))]
     await publish(kafka_broker, topic, more)
-    second = await take(consume(settings, from_start=True, dedupe=dedupe), 4, idle=2.0)
+    second = await take_until(consume(settings, from_start=True, dedupe=dedupe), "uid-c9:9")
     assert [e.id for e in second] == ["uid-c9:9"]
 
 
@@ -146,7 +148,7 @@ async def test_a_message_that_is_not_a_cloudevent_is_skipped(
         await producer.stop()
     (event,) = [builder.build(c) for c in detector.on_add(configmap("a", 3, "x"))]
     await publish(kafka_broker, topic, [event])
-    got = await take(
-        consume(settings_for(kafka_broker, topic, tmp_path), from_start=True), 2, idle=2.0
+    got = await take_until(
+        consume(settings_for(kafka_broker, topic, tmp_path), from_start=True), event.id
     )
     assert [e.id for e in got] == [event.id]
