@@ -1,7 +1,7 @@
 """Per-resource event filters: a CEL expression over ``object``, ``oldObject`` and ``type``.
 
 An object is *in view* while the expression holds for it; only objects in view
-are published. The pipeline keeps the view as state (bridge/delivery/pipeline.py): an
+are published. The pipeline keeps the view as state (bridge/delivery/handler.py): an
 object entering it is published as added, one leaving it as ``filtered`` (a
 delete-like event, so a consumer's view stays right), and the delete of an
 object that was never in view is not published. Checkpoint digests hold only

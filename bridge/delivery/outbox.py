@@ -1,6 +1,6 @@
 """The outbox of one resource: what was decided, what the bus has taken, what is safe to checkpoint.
 
-A synchronous core (no asyncio inside): the pipeline's async driver only moves
+A synchronous core (no asyncio inside): the pipeline's async parts only move
 batches between it, the sink and the checkpoint store, so every guarantee is a
 property of plain method calls and is tested as such (tests/unit/test_outbox.py).
 
@@ -18,7 +18,7 @@ Invariants:
   the uids of earlier incarnations whose delete is still unacknowledged
   (``prior``). A crash at any instant therefore leaves no event on the bus whose
   object the checkpoint does not know; a restart treats those keys as
-  uncertain (see ``ResourcePipeline.load``).
+  uncertain (see bridge/delivery/resume.py).
 - **The watermark never passes an unacknowledged event.** A watermark
   candidate is a reflector resourceVersion observed together with the FIFO's
   ``queued_total``; it becomes a *mark* once the informer has processed that

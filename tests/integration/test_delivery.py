@@ -39,7 +39,7 @@ async def digest_of_live(harness: Harness, name: str, state: str = UNCERTAIN) ->
     """The digest the bridge would write for the live object ``name``."""
     obj = harness.emulator.get("v1", "Pod", name, namespace="default")
     p = await harness.pipeline()
-    d = p._detector.digest_of(obj)
+    d = p.detector.digest_of(obj)
     return dataclasses.replace(d, state=state)
 
 
@@ -481,7 +481,7 @@ async def test_a_resync_of_an_uncertain_key_is_not_news(
     assert p.informer is not None
     record = p.informer.store.get_by_key("default/waiting")
     assert record is not None
-    await p.on_update(record, record)
+    await p.handler.on_update(record, record)
     assert p.outbox.last_seq == 0 and p.outbox.is_open("default/waiting")
 
 

@@ -1,0 +1,209 @@
+"""Delivery of one resource's decided events: batches, written ahead, published in order.
+
+Two tasks:
+
+- the **writer** takes a batch as soon as events are decided (a linger of a
+  millisecond at most), or, while the sender publishes, once the batch is full
+  or the sender is done; it has the batch's rows written ahead to the
+  checkpoint store and hands it on;
+- the **sender** publishes batches in order, one at a time, retrying only
+  while the bus is unavailable; events the bus refuses for good go through the
+  poison policy and never block the events behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from bridge.aiotasks import run_group
+from bridge.delivery.events import Event
+from bridge.delivery.notify import Notifier
+from bridge.delivery.outbox import Batch, Outbox
+from bridge.delivery.retry import retrying
+from bridge.delivery.settings import PipelineSettings
+from bridge.delivery.stats import PipelineStats
+from bridge.errors import PoisonEventError, SinkUnavailableError
+from bridge.kube.backoff import Backoff
+from bridge.logging import get_logger
+from bridge.sinks.base import Sink
+
+log = get_logger(__name__)
+
+
+class Publisher:
+    """Moves batches from the outbox through the write-ahead to the sink, and back as acks."""
+
+    def __init__(
+        self,
+        *,
+        sink: Sink,
+        outbox: Outbox,
+        settings: PipelineSettings,
+        stats: PipelineStats,
+        write_ahead: Callable[[Batch], Awaitable[None]],
+        on_acknowledged: Callable[[], None],
+        backoff: Callable[[], Backoff],
+        label: str,
+        clock: Callable[[], float] = time.monotonic,
+        on_publish_latency: Callable[[float], None] | None = None,
+    ) -> None:
+        self._sink = sink
+        self.outbox = outbox
+        self.settings = settings
+        self._stats = stats
+        self._write_ahead = write_ahead
+        self._on_acknowledged = on_acknowledged
+        self._backoff = backoff
+        self._label = label
+        self._clock = clock
+        self._on_publish_latency = on_publish_latency
+        self.healthy = True
+        # When the bus last acknowledged a change (not an announcement), for heartbeats.
+        self.last_change_at: float | None = None
+        # Notified at each acknowledged batch: room, acknowledged sequence numbers, a drain.
+        self.acknowledged = Notifier()
+        # Events were decided: the writer's wake-up.
+        self._decided = Notifier()
+        # The batch being published; while there is one, the next leaves once it is
+        # done or the next is full, and ``_batch_due`` says when either happened.
+        self._in_flight: Batch | None = None
+        self._batch_due = Notifier()
+        self._to_send: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+
+    def decided(self) -> None:
+        """Events were decided (or announced): the writer may take them."""
+        self._decided.notify()
+        if self.outbox.queued >= self.settings.max_batch:
+            self._batch_due.notify()
+
+    async def wait_acknowledged(self, seq: int) -> None:
+        """Until the bus has acknowledged every event up to ``seq``."""
+        outbox = self.outbox
+        await self.acknowledged.until(lambda: outbox.acked_seq >= seq)
+
+    async def drained(self) -> None:
+        """Until the bus has acknowledged every event decided."""
+        outbox = self.outbox
+        await self.acknowledged.until(lambda: not outbox.unacknowledged)
+
+    async def run(self, *, prefix: str) -> None:
+        await run_group({"writer": self._writer(), "sender": self._sender()}, prefix=prefix)
+
+    # -- the writer ---------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        s, outbox = self.settings, self.outbox
+        while True:
+            if not outbox.queued:
+                await self._decided.until(lambda: outbox.queued)
+                if s.linger and outbox.queued < s.max_batch:
+                    await asyncio.sleep(s.linger)
+            # While a batch is being published, the next leaves only when it is
+            # done, so take it then, or once it is full: taken at once, it held what
+            # was decided so far, however little. Behind a bus slower than the
+            # watch, batches alternated between full and nearly empty, and only a
+            # bound of four batches pending kept them full.
+            if self._in_flight is not None and outbox.queued < s.max_batch:
+                await self._batch_due.until(self._batch_may_leave)
+            batch = outbox.take(s.max_batch)
+            if batch is None:
+                continue
+            if batch.ahead:  # only announcements have nothing to write ahead
+                await self._write_ahead(batch)
+            await self._to_send.put(batch)
+
+    def _batch_may_leave(self) -> bool:
+        return self._in_flight is None or self.outbox.queued >= self.settings.max_batch
+
+    # -- the sender ---------------------------------------------------------------
+
+    async def _sender(self) -> None:
+        outbox = self.outbox
+        while True:
+            batch = await self._to_send.get()
+            self._in_flight = batch
+            try:
+                await self._publish(batch)
+            finally:
+                self._in_flight = None
+                self._batch_due.notify()
+            outbox.acknowledged(batch)
+            self._on_acknowledged()
+            if batch.ahead:  # rows written ahead: some change, not only announcements
+                self.last_change_at = self._clock()
+            self.acknowledged.notify()
+
+    async def _send(self, events: list[Event]) -> dict[int, str]:
+        """Publish until the bus answers; only "bus unavailable" is retried."""
+        started = time.perf_counter()
+        refused = await retrying(
+            lambda: self._sink.publish(events),
+            retry_on=SinkUnavailableError,
+            what="publish",
+            health=self._health,
+            backoff=self._backoff(),
+            label=self._label,
+        )
+        if self._on_publish_latency is not None:
+            self._on_publish_latency(time.perf_counter() - started)
+        return dict(refused or {})
+
+    def _health(self, ok: bool) -> None:
+        self.healthy = ok
+
+    async def _publish(self, batch: Batch) -> None:
+        events = batch.events
+        refused = await self._send(events)
+        stats = self._stats
+        landed = [e for i, e in enumerate(events) if i not in refused] if refused else events
+        stats.published += len(landed)
+        stats.by_type.update(map(_change_of, landed))
+        if refused:
+            await self._settle_refused(batch, refused)
+
+    # -- the poison policy ----------------------------------------------------------
+
+    async def _settle_refused(self, batch: Batch, refused: dict[int, str]) -> None:
+        """The poison policy for events the bus refused for good; nothing waits behind them."""
+        entries = batch.entries
+        for i in sorted(refused):
+            entry, reason = entries[i], refused[i]
+            event = entry.event
+            policy = self.settings.poison_policy
+            later = any(
+                e.key == entry.key for j, e in enumerate(entries) if j > i and j not in refused
+            )
+            if policy == "fail":
+                outcome = "failed"
+            elif later:
+                outcome = "superseded"  # a later event of the same object is on the bus
+            elif policy == "truncate":
+                again = await self._send([event.truncated()])
+                if again:
+                    outcome, reason = "skipped", f"{reason}; truncated: {again[0]}"
+                else:
+                    outcome = "truncated"
+                    self._stats.published += 1
+                    self._stats.by_type[_change_of(event)] += 1
+            else:
+                outcome = "skipped"
+            self._stats.poison[outcome] += 1
+            log.warning(
+                "the bus refused an event for good",
+                resource=self._label,
+                subject=event.subject,
+                id=event.id,
+                reason=reason,
+                outcome=outcome,
+            )
+            if outcome == "failed":
+                raise PoisonEventError(
+                    f"{self._label}: the bus refused {event.subject} (event {event.id}) for good:"
+                    f" {reason}; poisonPolicy is fail, so this resource stopped"
+                )
+
+
+def _change_of(event: Event) -> str:
+    return event.type.rpartition(".")[2]

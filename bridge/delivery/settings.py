@@ -1,0 +1,72 @@
+"""What a resource's pipeline is told: batches, bounds on what waits, commits, retries, the poison policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bridge.kube.reflector import ReflectorSettings
+
+PoisonPolicy = Literal["truncate", "skip", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    # How often the checkpoint (watermark + certain digests) is committed.
+    flush_interval: float = 1.0
+    # Once everything decided is acknowledged (a list or a burst drained), commit
+    # then rather than at the next tick, so the checkpoint does not trail an idle
+    # bus by up to ``flush_interval``; but not sooner than this after the previous
+    # commit, so a trickle of events does not commit once per event. None: ticks only.
+    drained_commit_after: float | None = 0.1
+    # Once this many keys await their checkpoint rows, commit then too (after the
+    # same minimum): what waits for a commit grows with its keys (each key's name
+    # in the dirty set, ~120 B, then its row). A 100k-pod first sync peaked at
+    # 271-283 B per object with 4,096 against 305-320 B with 16,384 (bench
+    # slowbus, same emulator, same hour), at the same events/s; a burst of 10k
+    # updates ran at 7.1-8.9k events/s against 8.0-9.8k (bench e2e, alternating),
+    # within the machine's noise. Before commits went in steps (below), every
+    # write-ahead waited behind whole commits, and 4,096 cost a burst 10-15%.
+    commit_after_keys: int = 4_096
+    # A commit goes to the store in steps of at most this many keys, each read
+    # from the cache when its turn comes (``Commit.steps``), so a write-ahead
+    # waits for one step, not for the whole commit.
+    commit_step_keys: int = 1_000
+    # At most this many events per publish; a batch is whatever was decided
+    # while the previous one was being written ahead and published.
+    max_batch: int = 500
+    # How long the writer waits for more events before taking a batch.
+    linger: float = 0.001
+    # Decided but unacknowledged events beyond this make the informer wait; None:
+    # two batches (``pending_limit``), one being published while the next fills
+    # and is written ahead. That keeps batches full behind a slow bus: at a
+    # 100k-pod first sync with a bus taking 100 ms per batch, 4.6k events/s and
+    # a peak of 26 MiB, against 4.75k/s and 31 MiB with four batches (2048).
+    max_pending: int | None = None
+    # ... and so do decided events whose encoded size adds up to this many bytes:
+    # what they hold grows with the objects, not their number (1000 ConfigMaps of
+    # 500 KB would be 500 MB). One event larger than this still goes, alone.
+    # Above two batches of pods' events (~3 MB), so that for pods the count
+    # decides; at 2 MiB, batches of pods were cut short, and a bus taking 100 ms
+    # per batch carried 1.9k events/s instead of 4.7k (bench slowbus).
+    max_pending_bytes: int = 8 << 20
+    retry_initial: float = 0.5
+    retry_cap: float = 30.0
+    # Events waiting while nothing is acknowledged for this long: not-ready.
+    stall_after: float = 120.0
+    # On shutdown, how long to keep trying to publish what was decided. Giving
+    # up loses nothing: those events were written ahead, a restart resolves them.
+    shutdown_timeout: float = 10.0
+    poison_policy: PoisonPolicy = "truncate"
+    slim: bool = True
+    # Decoded items waiting for the handlers (~12 KB each for a 3 KB pod). At 100,
+    # against 1000, a 100k-pod first sync peaked 5-25 MiB lower at the same or a
+    # higher rate (bench slowbus): they are handled while still in the CPU's caches.
+    max_queued: int | None = 100
+    resync_period: float | None = None
+    reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
+
+    @property
+    def pending_limit(self) -> int:
+        """``max_pending``, or two batches when it is None."""
+        return self.max_pending if self.max_pending is not None else 2 * self.max_batch
