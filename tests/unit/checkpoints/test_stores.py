@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,6 +154,18 @@ async def test_bulk_load_gives_plain_rows_converted_and_the_others_as_digests(
     assert await load_bulk(store, "nothing", convert) is None
 
 
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call in the submitting thread, before ``submit`` returns."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
 async def test_sqlite_close_waits_for_a_cancelled_call_still_running_in_its_thread(
     tmp_path: Path,
 ) -> None:
@@ -173,10 +187,13 @@ async def test_sqlite_close_waits_for_a_cancelled_call_still_running_in_its_thre
 
     call = asyncio.create_task(store._run(slow))
     await asyncio.to_thread(started.wait, 5)
+    # From now on a thread call runs at once, inside the step that makes it: a close
+    # that did not wait would have closed the connection by its first suspension.
+    asyncio.get_running_loop().set_default_executor(InlineExecutor())
     call.cancel()
     await asyncio.sleep(0)  # the cancellation reaches the call
     closing = asyncio.create_task(store.close())
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0)  # a turn of the loop: the close takes its first step
     assert not closing.done(), "the connection was closed while a call was still using it"
     release.set()
     await closing
