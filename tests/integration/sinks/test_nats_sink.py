@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -450,3 +451,58 @@ async def test_a_message_the_stream_refuses_is_refused_not_retried(
     assert list(refused) == [1] and "JetStream refused" in refused[1]
     info = await js.stream_info(stream)
     assert info.state.messages == 2
+
+
+async def test_what_nats_py_held_when_the_server_died_is_not_sent_after_the_reconnect(
+    nats_control: NatsServer,
+) -> None:
+    """A server that stops reading backs the socket up, and nats-py queues what the
+    publisher hands it; when that server dies, nats-py would send its queue once it
+    reconnects, ahead of the retries of the frames that died in the socket."""
+    stream, cluster = unique_stream()
+    sink = NatsSink(
+        [nats_control.url],
+        stream=stream,
+        subjects=[f"k8s.{cluster}.>"],
+        ack_timeout=1.0,
+        retries=0,
+        max_in_flight=8192,
+    )
+    await sink.start()
+    nc = sink._nc
+    assert nc is not None
+    events = [with_payload(e, 3_000) for e in make_events(6_000, cluster=cluster, names=20)]
+    proc = nats_control._proc
+    assert proc is not None
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        task = asyncio.create_task(sink.publish(events))
+        async with asyncio.timeout(10):
+            while nc.pending_data_size < 1 << 20:
+                await asyncio.sleep(0.01)
+        proc.kill()  # stopped, it still dies
+        proc.wait()
+        nats_control._proc = None
+        with pytest.raises(SinkUnavailableError):
+            await asyncio.wait_for(task, 15)
+        nats_control.start()
+        await _wait(sink.ping)
+        for _ in range(20):  # the pipeline's retry of the unacknowledged batch
+            try:
+                await sink.publish(events)
+                break
+            except SinkUnavailableError:
+                await asyncio.sleep(0.2)
+    finally:
+        await sink.close()
+    nc = await nats.connect(nats_control.url)
+    try:
+        msgs = await stream_messages(nc, stream)
+    finally:
+        await nc.close()
+    assert sorted(m.headers[MSG_ID] for m in msgs) == sorted(e.id for e in events)
+    by_subject: dict[str, list[int]] = {}
+    for m in msgs:
+        by_subject.setdefault(m.subject, []).append(int(m.headers[MSG_ID].split(":")[1]))
+    for subject, rvs in by_subject.items():
+        assert rvs == sorted(rvs), f"{subject} out of order"
