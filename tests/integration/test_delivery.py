@@ -514,6 +514,7 @@ async def test_events_waiting_for_the_bus_are_bounded_by_their_bytes(
                 and p.informer.fifo.queued_total == 20
             )
         )
+        assert len(before_each) == p.outbox.last_seq  # every decision was seen
         assert all(b < 4000 for b in before_each), before_each
         waiting = p.outbox.unacknowledged
         size = p.outbox.unacknowledged_bytes / waiting
