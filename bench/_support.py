@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge.service.tuning import Tuning
 
 
 def free_port() -> int:
@@ -45,15 +51,23 @@ def process(cmd: list[str], port: int) -> Iterator[None]:
             proc.wait()
 
 
-def tune_as_the_app(gc_threshold: int | None) -> None:
-    """The process-wide settings ``k8s-bridge run`` makes at start-up (bridge/service/app.py):
-    the GC's young threshold (``informer.gcThreshold``, whose default is
-    ``InformerSettings().gc_threshold``), the GIL's switch interval and glibc's mmap
-    threshold (bridge/service/runtime.py)."""
-    from bridge.service import gctune, runtime
+def tune_as_run() -> Tuning:
+    """Tune this process as ``k8s-bridge run`` does with the default configuration
+    (bridge/service/tuning.py), less the settings named in ``$BENCH_TUNING_OFF``
+    (comma-separated field names of ``Tuning``, or ``all``): how each setting's gain
+    is measured. Returns what took effect."""
+    from bridge.service import tuning
+    from bridge.service.settings import InformerSettings
 
-    gctune.configure(gc_threshold)
-    runtime.configure()
+    wanted = tuning.Tuning.for_run(InformerSettings())
+    off = {n.strip() for n in os.environ.get("BENCH_TUNING_OFF", "").split(",") if n.strip()}
+    if off == {"all"}:
+        wanted = tuning.Tuning()
+    elif off:
+        wanted = wanted.without(off)
+    applied = tuning.apply(wanted)
+    print(f"  process tuning: {applied}", file=sys.stderr)
+    return applied
 
 
 def cpu_model() -> str:

@@ -60,7 +60,7 @@ from bench._support import (
     cpu_model,
     free_port,
     process,
-    tune_as_the_app,
+    tune_as_run,
     update_benchmarks_md,
 )
 from bench.decode import make_pod
@@ -72,8 +72,8 @@ from bridge.emulator import Emulator
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
-from bridge.service import gctune, runtime
 from bridge.service.settings import InformerSettings
+from bridge.service.tuning import Tuning
 from bridge.service.wiring import object_decoder
 from bridge.sinks.base import Sink
 from bridge.sinks.kafka import KafkaSink
@@ -180,7 +180,7 @@ async def run_e2e(
     round_: int,
     settings: PipelineSettings,
     timeout: float,
-    gc_freeze: bool = False,
+    tuning: Tuning | None = None,
     whole: bool = False,
     list_only: bool = False,
 ) -> tuple[Timing, Timing | None, int]:
@@ -217,8 +217,8 @@ async def run_e2e(
             listed = await _timed(pipeline, task, want, n, start, timeout)
             if list_only:
                 return listed, None, emu.resource_version
-            if gc_freeze:
-                gctune.freeze()  # as the app does once every resource has synced
+            if tuning is not None:
+                tuning.after_first_sync()  # as `k8s-bridge run` does once every resource synced
 
             before = emu.resource_version
             published = pipeline.stats.published
@@ -459,7 +459,7 @@ async def bench_bus(
         round_,
         _list_mode(settings, "on"),
         args.timeout,
-        args.gc_freeze,
+        args.tuning,
         args.whole_objects,
     )
     assert burst is not None
@@ -619,15 +619,11 @@ def _machine() -> str:
     )
 
 
-def _gc_settings(args: argparse.Namespace) -> str:
-    """The runtime settings of the run, and whether they are the app's defaults."""
-    app = InformerSettings()
-    young = f"young threshold {args.gc_threshold:,}" if args.gc_threshold else "Python's 700"
-    freeze = "`gc.freeze()` after the initial list" if args.gc_freeze else "no `gc.freeze()`"
-    switch = f"a {runtime.SWITCH_INTERVAL * 1000:g} ms switch interval"
-    same = (args.gc_threshold or None) == app.gc_threshold and args.gc_freeze == app.gc_freeze
-    whose = "as `k8s-bridge run` by default" if same else "not the app's defaults"
-    return f"the cyclic GC's {young}, {freeze}, {switch} ({whose})"
+def _tuning(args: argparse.Namespace) -> str:
+    """The process tuning of the run, and whether it is what `k8s-bridge run` sets."""
+    run = Tuning.for_run(InformerSettings())
+    whose = "as `k8s-bridge run` sets it" if args.tuning == run else "not `k8s-bridge run`'s"
+    return f"process tuning {args.tuning} ({whose})"
 
 
 def render(results: list[BusResult], args: argparse.Namespace) -> str:
@@ -679,7 +675,7 @@ the cyclic GC paused (the LIST reader holds all {args.objects:,} parsed objects 
 collections walking them made its figure swing 3-4x between rounds). The emulator's
 objects are frozen out of the GC (`gc.freeze()`) after loading and after each
 burst is applied: they are not the bridge's heap. The process runs with
-{_gc_settings(args)}. Buses
+{_tuning(args)}. Buses
 run as local processes (nats-server with JetStream on disk; Tansu in memory);
 events/s, best of {args.rounds} round(s); the ratio is the median of the
 per-round ratios (each round's e2e against the ceiling measured right after it),
@@ -731,32 +727,13 @@ def main(argv: list[str]) -> int:
         "the bridge do) instead of only the keys the resource reads",
     )
     parser.add_argument("--no-write", action="store_true")
-    # As ``k8s-bridge run`` runs by default; 0 and --no-gc-freeze for the interpreter's own.
-    app = InformerSettings()
-    parser.add_argument(
-        "--gc-threshold",
-        type=int,
-        default=app.gc_threshold,
-        help="the cyclic GC's young threshold for the whole run (informer.gcThreshold;"
-        " default: the app's, %(default)s; 0: the interpreter's 700)",
-    )
-    parser.add_argument(
-        "--gc-freeze",
-        action=argparse.BooleanOptionalAction,
-        default=app.gc_freeze,
-        help="gc.freeze() after the initial list, as the app does (informer.gcFreeze)",
-    )
     parser.add_argument("--output", default=str(BENCHMARKS_MD))
     args = parser.parse_args(argv)
     args.bus = [b.strip() for b in args.bus.split(",") if b.strip()]
     args.profile_bus = [b.strip() for b in args.profile_bus.split(",") if b.strip()]
     if unknown := [b for b in args.bus if b not in ("nats", "kafka")]:
         parser.error(f"unknown bus(es): {', '.join(unknown)}")
-    tune_as_the_app(args.gc_threshold or None)
-    print(
-        f"  gc thresholds {gc.get_threshold()}, freeze after the list: {args.gc_freeze},"
-        f" switch interval {sys.getswitchinterval() * 1000:g} ms"
-    )
+    args.tuning = tune_as_run()
     results = asyncio.run(_run(args))
     if not results:
         print("  no bus available: nothing measured")

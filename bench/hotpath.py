@@ -35,13 +35,12 @@ from typing import Any
 import orjson
 import xxhash
 
-from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_run, update_benchmarks_md
 from bench.decode import make_pod
 from bridge.delivery.changes import Change, ChangeKind, Fingerprinter
 from bridge.delivery.events import EventBuilder
 from bridge.kube.informer import slim_record
 from bridge.kube.rawjson import ObjectDecoder
-from bridge.service import gctune
 
 SECTION = "Hot path steps"
 
@@ -166,7 +165,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ahead", type=int, default=1000, help="lines parsed ahead for cold steps")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
-    gctune.configure(50_000)
+    tune_as_run()
     gc.collect()
     rows = measure(args.objects, args.rounds, args.ahead)
     parse_us = rows[0][1]

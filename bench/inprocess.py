@@ -20,8 +20,9 @@ versions of it:
   ``orjson.loads`` each line and ``orjson.dumps`` its object (what ``bench e2e``'s
   ceiling does besides its socket I/O).
 
-The runtime is set up as ``k8s-bridge run`` sets it (GC threshold, switch
-interval, mmap threshold) and the heap is frozen after the initial list.
+The process is tuned as ``k8s-bridge run`` tunes it (bridge/service/tuning.py),
+its after-sync step run after the initial list; ``$BENCH_TUNING_OFF`` leaves
+settings out.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, cast
 
 import orjson
 
-from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_run, update_benchmarks_md
 from bench.decode import make_pod
 from bench.slowbus import DelayedAckSink
 from bridge.checkpoints.memory import MemoryCheckpointStore
@@ -48,8 +49,7 @@ from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.kube.objects import WatchEvent
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import ReflectorSettings
-from bridge.service import gctune
-from bridge.service.settings import InformerSettings
+from bridge.service.tuning import Tuning
 from bridge.service.wiring import object_decoder
 from tests.doubles.scripted import ScriptedListerWatcher, list_response
 
@@ -105,7 +105,7 @@ def _reader_cpu(lines: list[bytes]) -> float:
         gc.enable()
 
 
-async def measure(n: int, bursts: int) -> tuple[list[float], list[float], int]:
+async def measure(n: int, bursts: int, tuning: Tuning) -> tuple[list[float], list[float], int]:
     """CPU µs per event of each burst through the bridge, and of the minimal reader."""
     fingerprinter = Fingerprinter([])
     builder = EventBuilder(cluster="bench", group="", version="v1", kind="Pod", plural="pods")
@@ -141,7 +141,7 @@ async def measure(n: int, bursts: int) -> tuple[list[float], list[float], int]:
             if time.monotonic() > deadline:
                 raise TimeoutError("the initial list was not published in time")
             await asyncio.sleep(0.001)
-        gctune.freeze()  # as the app does once every resource has synced
+        tuning.after_first_sync()  # as `k8s-bridge run` does once every resource synced
         for lines in scripts:
             # The scripts are the benchmark's heap, not the bridge's.
             gc.collect()
@@ -172,8 +172,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--output", default=str(BENCHMARKS_MD))
     args = p.parse_args(argv)
-    tune_as_the_app(InformerSettings().gc_threshold)
-    bridge, reader, size = asyncio.run(measure(args.objects, args.bursts))
+    tuning = tune_as_run()
+    bridge, reader, size = asyncio.run(measure(args.objects, args.bursts, tuning))
     best, median = min(bridge), statistics.median(bridge)
     r_best, r_median = min(reader), statistics.median(reader)
     print(f"{args.objects:,} pods, {args.bursts} bursts of MODIFIED lines of ~{size:,} bytes")

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_run, update_benchmarks_md
 
 if TYPE_CHECKING:
     from bridge.kube.objects import WatchEvent
@@ -162,9 +162,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--child", metavar="DB", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        from bridge.service.settings import InformerSettings
-
-        tune_as_the_app(InformerSettings().gc_threshold)
+        tune_as_run()
         result = asyncio.run(_round(Path(args.child), args.replay, args.settle))
         print(json.dumps(result))
         return 0

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench._support import BENCHMARKS_MD, cpu_model, tune_as_the_app, update_benchmarks_md
+from bench._support import BENCHMARKS_MD, cpu_model, tune_as_run, update_benchmarks_md
 from bench.listmem import MODE_NAMES, _reset_peak, _serve_emulator, _status_kb
 
 SECTION = "Slow bus"
@@ -74,12 +74,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
     from bridge.kube.discovery import ResourceInfo
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import ReflectorSettings
-    from bridge.service import gctune
-    from bridge.service.settings import InformerSettings
     from bridge.service.wiring import object_decoder
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    tune_as_the_app(InformerSettings().gc_threshold)
+    tuning = tune_as_run()
     gc.collect()
     _reset_peak()
     baseline = _status_kb("VmHWM")
@@ -121,10 +119,9 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
                     max_queued = max(max_queued, len(pipeline.informer.fifo))
             elapsed = time.perf_counter() - t0
             peak = _status_kb("VmHWM")
-            # What the app does once the first sync has landed (bridge/service/app.py): the
-            # heap frozen, free C-heap pages handed back. What stays is the steady state.
-            gctune.freeze()
-            gctune.release_free_memory()
+            # What `k8s-bridge run` does once the first sync has landed: the heap
+            # frozen, free C-heap pages handed back. What stays is the steady state.
+            tuning.after_first_sync()
             steady = _status_kb("VmRSS")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

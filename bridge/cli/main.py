@@ -132,14 +132,20 @@ def run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from bridge.logging import configure_logging
+    from bridge.service import tuning
     from bridge.service.app import BridgeApp
     from bridge.service.settings import load_settings
 
     settings = load_settings(args.config, _overrides(args))
     configure_logging(settings.logging.format, settings.logging.level)
 
+    # Process-wide, so made here and nowhere else: an app built elsewhere (tests,
+    # benchmarks) runs on the interpreter's defaults.
+    tuned = tuning.apply(tuning.Tuning.for_run(settings.informer))
+    after_sync = tuned.after_first_sync if tuned.trim_after_sync else None
+
     async def main(stop: asyncio.Event) -> int:
-        await BridgeApp(settings).run(stop)
+        await BridgeApp(settings, after_first_sync=after_sync).run(stop)
         return 0
 
     return run_until_signal(main)

@@ -43,7 +43,6 @@ from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
 from bridge.kube.protocols import ListerWatcher
 from bridge.logging import get_logger
-from bridge.service.gctune import gc_paused
 from bridge.service.metrics import Metrics
 from bridge.sinks.base import Sink
 
@@ -243,8 +242,7 @@ class ResourcePipeline:
 
     async def load(self) -> None:
         """Read the checkpoint and build the informer: resume where the last run stopped."""
-        with gc_paused():
-            await self._load()
+        await self._load()
 
     async def _load(self) -> None:
         s = self.settings

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import os
 import socket
 import uuid
@@ -43,7 +42,6 @@ from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
-from bridge.service import gctune, runtime
 from bridge.service.control import control_auth
 from bridge.service.health import HealthServer
 from bridge.service.metrics import Metrics
@@ -62,7 +60,7 @@ from bridge.sinks.base import Sink
 log = get_logger(__name__)
 
 # After the first sync, how long to wait for its events and commits to land before
-# freezing the heap and returning free pages (bridge/service/gctune.py).
+# the after-sync step (bridge/service/tuning.py).
 _SETTLE_AFTER_SYNC = 30.0
 
 
@@ -88,8 +86,12 @@ class BridgeApp:
         registry: CollectorRegistry | None = None,
         on_ready: Callable[[], Awaitable[None]] | None = None,
         backoff: Callable[[], Backoff] | None = None,
+        after_first_sync: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        # What ``k8s-bridge run`` does once the first sync has landed (free heap pages
+        # handed back, bridge/service/tuning.py); the app itself leaves the process alone.
+        self._after_first_sync = after_first_sync
         self.sink = sink or build_sink(settings)
         self.checkpoints = checkpoints or build_checkpoints(settings)
         self.registry = registry or CollectorRegistry()
@@ -277,13 +279,6 @@ class BridgeApp:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
         s = self.settings
-        gctune.configure(s.informer.gc_threshold)
-        tuning = runtime.configure()
-        log.info(
-            "runtime configured",
-            switch_interval=tuning.switch_interval,
-            mmap_threshold=tuning.mmap_threshold,
-        )
         # The reviews of controlAuth kubernetes go through the bridge's own client,
         # once it exists (until then a control request gets 503).
         control = control_auth(s.server, lambda: self.client)
@@ -339,8 +334,8 @@ class BridgeApp:
             asyncio.create_task(h.run(), name=f"heartbeat:{h.source.label}")
             for h in self.heartbeats
         )
-        if self.settings.informer.gc_freeze:
-            waiters.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
+        if self._after_first_sync is not None:
+            waiters.append(asyncio.create_task(self._settle_first_sync(), name="after-sync"))
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
@@ -440,12 +435,9 @@ class BridgeApp:
             failed = 0 if ok else failed + 1
             self._sink_unreachable = "does not answer a ping" if failed >= 2 else None
 
-    async def _freeze_after_sync(self) -> None:
-        """Once every pipeline has synced, freeze the heap out of the GC's sight (once).
-
-        What the initial sync leaves behind (modules, clients, caches) lives as long
-        as the process; full collections need not walk it again and again.
-        """
+    async def _settle_first_sync(self) -> None:
+        """Once every pipeline has synced and what it sent has landed: the after-sync step, once."""
+        assert self._after_first_sync is not None
         while not all(p.has_synced() for p in self.pipelines):
             await asyncio.sleep(0.1)
         # The sync's last events and commits are still on their way; what they hold
@@ -456,13 +448,7 @@ class BridgeApp:
             p.unacknowledged() or p.outbox.dirty for p in self.pipelines
         ):
             await asyncio.sleep(0.1)
-        gctune.freeze()
-        trimmed = gctune.release_free_memory()
-        log.info(
-            "gc frozen after the initial sync",
-            frozen=gc.get_freeze_count(),
-            free_heap_returned=trimmed,
-        )
+        self._after_first_sync()
         await asyncio.Event().wait()
 
     async def _notify_ready(self) -> None:

@@ -353,17 +353,15 @@ class InformerSettings(_Section):
     )
     gc_freeze: bool = Field(
         default=True,
-        description="Once every resource has synced, move what the process holds out of the"
-        " cyclic GC's sight (gc.freeze): later collections walk only newer objects; and hand"
-        " the C heap's free pages back to the OS (glibc's malloc_trim)",
+        description="Once every resource has synced, hand the C heap's free pages back to the"
+        " OS (glibc's malloc_trim, after one full collection); `k8s-bridge run` only",
     )
-    # Measured (BENCHMARKS.md, "GC"): 50,000 instead of Python's 700 gave +15-50%
-    # on an initial list and +50-90% on a burst end to end.
+    # What it earns: BENCHMARKS.md, "Process tuning".
     gc_threshold: int | None = Field(
         default=50_000,
         gt=0,
-        description="The cyclic GC's young-generation threshold (gc.set_threshold);"
-        " null: the interpreter's default (700)",
+        description="The cyclic GC's young-generation threshold (gc.set_threshold), set by"
+        " `k8s-bridge run`; null: the interpreter's default (700)",
     )
 
 

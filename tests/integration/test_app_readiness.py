@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -234,20 +235,31 @@ async def test_a_bus_that_goes_away_while_nothing_is_published_turns_readiness_5
         await until(lambda: status_is(r, 200), 15)
 
 
-async def test_the_app_sets_the_runtime_up_before_it_serves(
+async def test_the_app_leaves_the_process_alone_and_calls_its_after_sync_step_once(
     kubeconfig: Path, emulator: Emulator
 ) -> None:
-    """Production order: modules imported first, then the app configures the process
-    (bridge/service/runtime.py) as it starts, before any informer runs."""
-    from bridge.service import runtime
+    """Process tuning is ``k8s-bridge run``'s (bridge/service/tuning.py): an app built
+    anywhere else runs on the interpreter's settings, and only calls the after-sync
+    step it is given, once the first sync's events have landed."""
+    emulator.create(pod("a"))
+    switch, threshold = sys.getswitchinterval(), gc.get_threshold()
+    sink = MemorySink()
+    calls: list[tuple[int, float, tuple[int, int, int], int]] = []
+    called = asyncio.Event()
 
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)
-    try:
-        app = BridgeApp(
-            settings_for(kubeconfig), sink=MemorySink(), checkpoints=MemoryCheckpointStore()
+    def after_first_sync() -> None:
+        calls.append(
+            (len(sink.events), sys.getswitchinterval(), gc.get_threshold(), gc.get_freeze_count())
         )
-        async with running(app):
-            assert sys.getswitchinterval() == pytest.approx(runtime.SWITCH_INTERVAL)
-    finally:
-        sys.setswitchinterval(before)
+        called.set()
+
+    app = BridgeApp(
+        settings_for(kubeconfig),
+        sink=sink,
+        checkpoints=MemoryCheckpointStore(),
+        after_first_sync=after_first_sync,
+    )
+    async with running(app):
+        await asyncio.wait_for(called.wait(), 15)
+    assert calls == [(1, switch, threshold, 0)]
+    assert (sys.getswitchinterval(), gc.get_threshold()) == (switch, threshold)
