@@ -118,9 +118,9 @@ def configure_logging(
 class LibraryRateLimit(logging.Filter):
     """At most one line per ``every`` seconds for each message of a client library.
 
-    During an outage a client library (aiokafka: ~300 lines in 13 s) repeats
-    the same complaint at every reconnect; the bridge's own warnings already
-    say what is wrong at a bounded rate. The next line that passes says how
+    During an outage a client library (aiokafka: over twenty lines a second)
+    repeats the same complaint at every reconnect; the bridge's own warnings
+    already say what is wrong at a bounded rate. The next line that passes says how
     many like it were held back. The bridge's own loggers are never limited.
     """
 

@@ -101,10 +101,9 @@ class Publisher:
                 if s.linger and outbox.queued < s.max_batch:
                     await asyncio.sleep(s.linger)
             # While a batch is being published, the next leaves only when it is
-            # done, so take it then, or once it is full: taken at once, it held what
-            # was decided so far, however little. Behind a bus slower than the
-            # watch, batches alternated between full and nearly empty, and only a
-            # bound of four batches pending kept them full.
+            # done, so take it then, or once it is full: taken at once, it would hold
+            # what was decided so far, however little, and behind a bus slower than
+            # the watch, batches would alternate between full and nearly empty.
             if self._in_flight is not None and outbox.queued < s.max_batch:
                 await self._batch_due.until(self._batch_may_leave)
             batch = outbox.take(s.max_batch)

@@ -21,12 +21,9 @@ class PipelineSettings:
     drained_commit_after: float | None = 0.1
     # Once this many keys await their checkpoint rows, commit then too (after the
     # same minimum): what waits for a commit grows with its keys (each key's name
-    # in the dirty set, ~120 B, then its row). A 100k-pod first sync peaked at
-    # 271-283 B per object with 4,096 against 305-320 B with 16,384 (bench
-    # slowbus, same emulator, same hour), at the same events/s; a burst of 10k
-    # updates ran at 7.1-8.9k events/s against 8.0-9.8k (bench e2e, alternating),
-    # within the machine's noise. Before commits went in steps (below), every
-    # write-ahead waited behind whole commits, and 4,096 cost a burst 10-15%.
+    # in the dirty set, ~120 B, then its row). 4,096 keeps a first sync's peak
+    # memory per object ~10% below 16,384's (``python -m bench slowbus``) at the
+    # same events/s (``python -m bench e2e``).
     commit_after_keys: int = 4_096
     # A commit goes to the store in steps of at most this many keys, each read
     # from the cache when its turn comes (``Commit.steps``), so a write-ahead
@@ -39,16 +36,15 @@ class PipelineSettings:
     linger: float = 0.001
     # Decided but unacknowledged events beyond this make the informer wait; None:
     # two batches (``pending_limit``), one being published while the next fills
-    # and is written ahead. That keeps batches full behind a slow bus: at a
-    # 100k-pod first sync with a bus taking 100 ms per batch, 4.6k events/s and
-    # a peak of 26 MiB, against 4.75k/s and 31 MiB with four batches (2048).
+    # and is written ahead. That keeps batches full behind a slow bus; more
+    # batches add to the peak memory, not to the rate (``python -m bench slowbus``).
     max_pending: int | None = None
     # ... and so do decided events whose encoded size adds up to this many bytes:
     # what they hold grows with the objects, not their number (1000 ConfigMaps of
     # 500 KB would be 500 MB). One event larger than this still goes, alone.
     # Above two batches of pods' events (~3 MB), so that for pods the count
-    # decides; at 2 MiB, batches of pods were cut short, and a bus taking 100 ms
-    # per batch carried 1.9k events/s instead of 4.7k (bench slowbus).
+    # decides: below it, batches are cut short, and a slow bus carries less than
+    # half the events/s (``python -m bench slowbus``).
     max_pending_bytes: int = 8 << 20
     retry_initial: float = 0.5
     retry_cap: float = 30.0
@@ -59,9 +55,10 @@ class PipelineSettings:
     shutdown_timeout: float = 10.0
     poison_policy: PoisonPolicy = "truncate"
     slim: bool = True
-    # Decoded items waiting for the handlers (~12 KB each for a 3 KB pod). At 100,
-    # against 1000, a 100k-pod first sync peaked 5-25 MiB lower at the same or a
-    # higher rate (bench slowbus): they are handled while still in the CPU's caches.
+    # Decoded items waiting for the handlers (~12 KB each for a 3 KB pod). Few
+    # enough to be handled while still in the CPU's caches: a first sync peaks
+    # lower than with ten times as many, at the same or a higher rate
+    # (``python -m bench slowbus``).
     max_queued: int | None = 100
     resync_period: float | None = None
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)

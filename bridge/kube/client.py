@@ -375,9 +375,9 @@ async def _lines(
     # A read can be up to twice ``read_bufsize`` (2 MiB) when the stream outpaces the
     # pipeline (a streaming list): its lines are cut one at a time, each handed on
     # before the next is copied, and nothing of it is held across the next read.
-    # Split whole, a chunk and its lines were held together (~2.7 MiB) for as long
-    # as the pipeline took its ~500 objects, and the last chunk for as long as the
-    # watch stayed quiet.
+    # Split whole, a chunk and its lines would be held together for as long as the
+    # pipeline takes its hundreds of objects, and the last chunk for as long as the
+    # watch stays quiet.
     pending: list[bytes] = []
     content = resp.content
     try:

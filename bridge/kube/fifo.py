@@ -93,13 +93,9 @@ PopBatchProcessFunc = Callable[[deque[Delta], bool], Awaitable[None]]
 
 # A streamed replace lets the consumer run after this many items. Each turn of
 # the loop wakes the informer, and what it feeds (write-ahead rows, publishes),
-# for what came since: at 8 items a turn that was ~6.5 of ~55 µs of the loop's
-# time per listed object (2026-11-25, 10k-Pod lists through NATS: 17.4k events/s
-# at 8, 20.1k at 64; the first sync of 100k Pods 22.2k -> 25.7k, same peak
-# memory). On 2026-11-22, 64 had made a 100k-Pod list ~1.9x slower under the
-# interpreter's GC thresholds (queued items lived into the older generations);
-# with today's decoding that no longer holds (100k Pods at those thresholds:
-# 15.1k events/s at 8, 17.2k at 64). Kept below the FIFO's default bound (100).
+# for what came since: a turn every few items takes a tenth of the loop's time
+# per listed object; one every 64 makes a first sync faster at the same peak
+# memory (``python -m bench e2e``). Kept below the FIFO's default bound (100).
 REPLACE_YIELD_EVERY = 64
 
 
@@ -359,18 +355,17 @@ class RealFIFO:
         """Pop up to ``limit`` deltas at once, in arrival order, and hand them to ``process``.
 
         What a consumer pays per pop (a wait, a wake-up, its own lock) is paid
-        once per run of deltas that arrived together: in a burst of updates that
-        was ~1.4 µs of the bridge's ~32 µs per event (bench inprocess, the same
-        code popping one delta at a time and a run, alternately). The deltas
-        share ``is_in_initial_list``, so a batch never runs past the end of the
-        first list. ``process`` takes each delta off the front of ``batch`` as it
-        handles it: a delta taken counts as processed, as a popped one does in
-        ``pop``, and those still in ``batch`` when it returns or raises (cancelled
-        mid-batch) count as never processed, so no one reading
-        ``processed_total`` takes them for done. client-go's ``PopBatch`` also
-        closes a batch at a repeated key, for handlers that take a batch as a
-        set; ``process`` here handles deltas one by one, in order, so a key may
-        repeat.
+        once per run of deltas that arrived together: paid per delta, it is a
+        few per cent of the bridge's time per event in a burst
+        (``python -m bench inprocess``). The deltas share ``is_in_initial_list``,
+        so a batch never runs past the end of the first list. ``process`` takes
+        each delta off the front of ``batch`` as it handles it: a delta taken
+        counts as processed, as a popped one does in ``pop``, and those still in
+        ``batch`` when it returns or raises (cancelled mid-batch) count as never
+        processed, so no one reading ``processed_total`` takes them for done.
+        client-go's ``PopBatch`` also closes a batch at a repeated key, for
+        handlers that take a batch as a set; ``process`` here handles deltas one
+        by one, in order, so a key may repeat.
         """
         await self._wait_for_item()
         is_in_initial_list = not self.has_synced()
@@ -400,8 +395,8 @@ class Replacement:
     def __init__(self, fifo: RealFIFO, paced: bool = False) -> None:
         self._fifo = fifo
         # The listed keys, to tell what vanished; a first list into an empty cache
-        # and queue has nothing to compare, and 100k keys held for the length of the
-        # list were ~120 B per object of its peak memory.
+        # and queue has nothing to compare, and keys held for the length of the
+        # list would add ~120 B per object to its peak memory.
         self._keys: set[str] | None = set() if fifo._may_vanish() else None
         # Without the listed keys: the keys discarded (and not handed in again) since.
         self._gone: set[str] = set()
