@@ -2,8 +2,8 @@
 
 Objects are kept by key (``namespace/name``, or ``name`` for cluster-scoped
 objects). client-go's Indexers are not reproduced: the bridge asks its cache
-only by key, and the namespace index it once kept cost 31-38 B per object for
-no reader.
+only by key, and a namespace index would cost 31-38 B per object for no
+reader.
 
 One event loop owns the store, so no locks: every method runs to completion.
 

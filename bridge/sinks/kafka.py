@@ -345,7 +345,7 @@ class KafkaSink:
         refused: dict[int, str] = {}
         # One record batch per partition, filled here and handed over whole: the
         # producer's per-record ``send`` (a coroutine, a metadata wait and a
-        # delivery future per record, then a gather over them) cost more than
+        # delivery future per record, then a gather over them) costs more than
         # the records themselves. A batch lands or fails as one, as the
         # producer's own batches do.
         submitted: list[tuple[tuple[str, int], list[int], asyncio.Future[Any]]] = []
