@@ -1,7 +1,7 @@
 """``python -m bench records``: bytes per object of a slim informer's cache, steady state.
 
 Each row is a fresh subprocess that fills an ``Indexer`` (the informer's store,
-with its namespace index) with N cached records of realistic Pods (uuid4
+keyed only, as the bridge keeps it) with N cached records of realistic Pods (uuid4
 uids, resourceVersions from the tens of millions, xxh3-128 fingerprints,
 keys like ``team-042/web-0001234-7c9b6``) and reports the memory that stays:
 what tracemalloc counts as allocated by the fill, and the RSS growth after a
@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
     if args.write:
         lines = [
             f"`python -m bench records --objects {' '.join(map(str, args.objects))}"
-            " --write` — the slim informer's cache (`Indexer` with its namespace index)"
+            " --write` — the slim informer's cache (`Indexer`, keyed only)"
             " holding N Pods' records, each row in a fresh subprocess; bytes per object"
             " that stay after the fill: allocated as tracemalloc counts them, and the RSS"
             " growth after a GC. Keys like `team-042/web-0001234-7c9b6`, uuid4 uids,"

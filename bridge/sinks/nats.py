@@ -54,7 +54,7 @@ _NO_STREAM = "no responders"
 _STATUS = "Status"
 _NOT_IN_SUBJECT = re.compile(r"\s")
 # Below nats-py's default ``pending_size`` (2 MB), past which a publish waits on its
-# flusher, and below the mmap threshold the bridge sets (bridge/service/runtime.py):
+# flusher, and below the mmap threshold the bridge sets (bridge/service/tuning.py):
 # the flusher joins what is queued into one buffer, which then reuses heap memory.
 _FLUSH_EVERY = 256 << 10
 
