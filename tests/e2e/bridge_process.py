@@ -45,28 +45,45 @@ def write_config(path: Path, *, kubeconfig: Path, sink: dict[str, Any], **extra:
 
 
 class BridgeProcess:
-    """``k8s-bridge run --config`` in a subprocess, with its health endpoints."""
+    """``k8s-bridge run --config`` in a subprocess, with its health endpoints.
 
-    def __init__(self, config: Path) -> None:
+    ``keep_stdout`` keeps what it prints (the stdout sink's events) in
+    ``bridge.stdout`` beside the config, for ``stdout_events``; ``env`` adds to
+    the environment it runs with.
+    """
+
+    def __init__(
+        self, config: Path, *, keep_stdout: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.config = config
         self.port = int(yaml.safe_load(config.read_text())["server"]["port"])
         self.proc: asyncio.subprocess.Process | None = None
         self.log = config.parent / "bridge.log"
+        self.stdout = config.parent / "bridge.stdout" if keep_stdout else None
+        self.env = env or {}
 
     async def start(self) -> None:
-        env = dict(os.environ)
-        env.pop("KUBECONFIG", None)
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bridge.cli",
-            "run",
-            "--config",
-            str(self.config),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=self.log.open("ab"),
-            env=env,
-        )
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | self.env
+        with self.log.open("ab") as err:
+            if self.stdout is None:
+                out: Any = asyncio.subprocess.DEVNULL
+            else:
+                out = self.stdout.open("ab")
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config),
+                    stdout=out, stderr=err, env=env,
+                )  # fmt: skip
+            finally:
+                if self.stdout is not None:
+                    out.close()
+
+    def stdout_events(self, change: str | None = None) -> list[dict[str, Any]]:
+        """The events it printed (``keep_stdout``), of one change type if given."""
+        assert self.stdout is not None, "started without keep_stdout"
+        lines = self.stdout.read_bytes().splitlines() if self.stdout.exists() else []
+        events = [orjson.loads(line) for line in lines if line.strip()]
+        return [e for e in events if change is None or e["type"].endswith(f".{change}")]
 
     async def readyz(self) -> tuple[int, str]:
         async with aiohttp.ClientSession() as s:

@@ -19,18 +19,15 @@ resource and the server's reason).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
 
@@ -47,22 +44,10 @@ class StdoutBridge(BridgeProcess):
     """A bridge whose stdout (the stdout sink's events) is kept in a file."""
 
     def __init__(self, config: Path) -> None:
-        super().__init__(config)
-        self.stdout = config.parent / "bridge.stdout"
-
-    async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with self.stdout.open("ab") as out, self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config),
-                stdout=out, stderr=err, env=env,
-            )  # fmt: skip
+        super().__init__(config, keep_stdout=True)
 
     def events(self) -> list[dict[str, Any]]:
-        if not self.stdout.exists():
-            return []
-        lines = self.stdout.read_bytes().splitlines()
-        return [orjson.loads(line) for line in lines if line.strip()]
+        return self.stdout_events()
 
 
 def helm(kubeconfig: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:

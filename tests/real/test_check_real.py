@@ -10,14 +10,10 @@ the bridge holds instead of failing on its lock, and the bridge goes on.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import yaml
 
@@ -34,21 +30,10 @@ class Bridge(BridgeProcess):
     """``k8s-bridge run`` with the stdout sink: its events kept in a file."""
 
     def __init__(self, config: Path) -> None:
-        super().__init__(config)
-        self.stdout = config.parent / "bridge.stdout"
-
-    async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with self.stdout.open("ab") as out, self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config),
-                stdout=out, stderr=err, env=env,
-            )  # fmt: skip
+        super().__init__(config, keep_stdout=True)
 
     def added(self) -> list[str]:
-        lines = self.stdout.read_bytes().splitlines() if self.stdout.exists() else []
-        events = [orjson.loads(line) for line in lines if line.strip()]
-        return [e["subject"] for e in events if e["type"].endswith(".added")]
+        return [e["subject"] for e in self.stdout_events("added")]
 
 
 def bridge_config(tmp_path: Path, kubeconfig: Path, namespace: str, **extra: Any) -> Path:

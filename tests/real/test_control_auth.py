@@ -15,17 +15,14 @@ token does not.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 import yaml
 
@@ -44,22 +41,10 @@ class Bridge(BridgeProcess):
     """``k8s-bridge run`` with the stdout sink: its events kept in a file."""
 
     def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
-        super().__init__(config)
-        self.stdout = config.parent / "bridge.stdout"
-        self.env = env or {}
-
-    async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | self.env
-        with self.stdout.open("ab") as out, self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config),
-                stdout=out, stderr=err, env=env,
-            )  # fmt: skip
+        super().__init__(config, keep_stdout=True, env=env)
 
     def events(self, change: str | None = None) -> list[dict[str, Any]]:
-        lines = self.stdout.read_bytes().splitlines() if self.stdout.exists() else []
-        events = [orjson.loads(line) for line in lines if line.strip()]
-        return [e for e in events if change is None or e["type"].endswith(f".{change}")]
+        return self.stdout_events(change)
 
     async def post(self, token: str | None) -> tuple[int, dict[str, Any]]:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,16 +47,7 @@ class StdoutBridge(BridgeProcess):
     """A bridge whose stdout (the stdout sink's events) is kept in a file."""
 
     def __init__(self, config: Path) -> None:
-        super().__init__(config)
-        self.stdout = config.parent / "bridge.stdout"
-
-    async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with self.stdout.open("ab") as out, self.log.open("ab") as err:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", "run", "--config", str(self.config),
-                stdout=out, stderr=err, env=env,
-            )  # fmt: skip
+        super().__init__(config, keep_stdout=True)
 
 
 def secret_manifest(
@@ -115,12 +104,6 @@ async def raw_stream_messages(url: str, stream: str = STREAM) -> list[dict[str, 
 
 def events_of(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [orjson.loads(m["data"]) for m in raw]
-
-
-def stdout_events(bridge: StdoutBridge) -> list[dict[str, Any]]:
-    if not bridge.stdout.exists():
-        return []
-    return [orjson.loads(line) for line in bridge.stdout.read_bytes().splitlines() if line.strip()]
 
 
 def changes(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -207,7 +190,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
             on_bus = events_of(await raw_stream_messages(nats_control.url))
             return all(
                 [c for _, c in changes(evs)].count("deleted") == 2
-                for evs in (on_bus, stdout_events(to_stdout))
+                for evs in (on_bus, to_stdout.stdout_events())
             )
 
         await until(all_published, 30, lambda: to_bus.tail_log() + "\n" + to_stdout.tail_log())
@@ -226,7 +209,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
     raw, replayed = everything[:live], everything[live:]
     assert changes(events_of(replayed)) == changes(events_of(raw))
     published = changes(events_of(raw))
-    assert changes(stdout_events(to_stdout)) == published
+    assert changes(to_stdout.stdout_events()) == published
     creds = [c for subject, c in published if subject == f"{ns}/creds"]
     # kubectl's server-side apply over a client-side applied object writes twice: the
     # apply, then the move of the client-side manager's fields (extra goes).
@@ -236,7 +219,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
     searched = {
         "bus": b"\n".join(m["subject"] + b"\n" + m["headers"] + m["data"] for m in everything),
         "replay's output": (replay_out + replay_err).encode(),
-        "stdout": to_stdout.stdout.read_bytes(),
+        "stdout": to_stdout.stdout.read_bytes() if to_stdout.stdout else b"",
         "log (JetStream bridge)": to_bus.log.read_bytes(),
         "log (stdout bridge)": to_stdout.log.read_bytes(),
     }
@@ -247,7 +230,7 @@ async def test_applied_secret_values_never_reach_the_bus_or_the_logs(
             for form in forms(v):
                 assert form not in data, f"{form!r} reached the {where}"
 
-    for events in (events_of(raw), events_of(replayed), stdout_events(to_stdout)):
+    for events in (events_of(raw), events_of(replayed), to_stdout.stdout_events()):
         for event in events:
             objects = [event["data"]["object"], event["data"].get("old")]
             for obj in filter(None, objects):
