@@ -130,8 +130,11 @@ def test_the_run_command_tunes_the_process_before_the_app_is_built(
         async def run(self, stop: Any) -> None:
             calls.append("run")
 
+    import bridge.logging
     import bridge.service.app as app_module
 
+    # The command configures logging for the whole process; later tests must not inherit it.
+    monkeypatch.setattr(bridge.logging, "configure_logging", lambda *a, **k: None)
     monkeypatch.setattr(tuning, "apply", fake_apply)
     monkeypatch.setattr(app_module, "BridgeApp", FakeApp)
     config = tmp_path / "bridge.yaml"
