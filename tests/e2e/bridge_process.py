@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
@@ -213,6 +214,20 @@ async def probe(
         )
 
     await until(arrived, timeout, message)
+
+
+def gauge(metrics: str, name: str) -> float:
+    """The value of an unlabelled gauge in a /metrics text."""
+    match = re.search(rf"^{name} ([0-9.e+-]+)$", metrics, re.M)
+    assert match, f"{name} not in metrics"
+    return float(match.group(1))
+
+
+async def is_leader(bridge: BridgeProcess) -> bool:
+    try:
+        return gauge(await bridge.metrics(), "k8s_bridge_leader") == 1.0
+    except Exception:  # the process is gone or not listening yet
+        return False
 
 
 def published(metrics: str, resource: str | None = "v1/pods") -> float:

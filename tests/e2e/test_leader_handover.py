@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,9 +29,12 @@ import pytest
 from bridge.emulator import Emulator
 from tests.e2e.bridge_process import (
     BridgeProcess,
+    gauge,
+    is_leader,
     jetstream_events,
     kill9,
     probe,
+    published,
     until,
     without,
     write_config,
@@ -73,28 +75,6 @@ def replica_config(
         },
     )
     return BridgeProcess(config)
-
-
-def gauge(metrics: str, name: str) -> float:
-    match = re.search(rf"^{name} ([0-9.e+-]+)$", metrics, re.M)
-    assert match, f"{name} not in metrics"
-    return float(match.group(1))
-
-
-def published_total(metrics: str) -> float:
-    return sum(
-        float(m.group(1))
-        for m in re.finditer(
-            r"^k8s_bridge_events_published_total\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M
-        )
-    )
-
-
-async def is_leader(bridge: BridgeProcess) -> bool:
-    try:
-        return gauge(await bridge.metrics(), "k8s_bridge_leader") == 1.0
-    except Exception:  # the process is gone or not listening yet
-        return False
 
 
 class Churn:
@@ -158,8 +138,8 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
         # Exactly one leader; the standby has published nothing at all.
         assert gauge(a_metrics, "k8s_bridge_leader") == 1.0
         assert gauge(b_metrics, "k8s_bridge_leader") == 0.0
-        assert published_total(a_metrics) > 0
-        assert published_total(b_metrics) == 0.0
+        assert published(a_metrics, None) > 0
+        assert published(b_metrics, None) == 0.0
 
         kill9(a)
         killed_at = time.monotonic()
@@ -172,7 +152,7 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
 
         # Changes keep coming until the new leader has published some of them.
         async def b_publishes() -> bool:
-            return published_total(await b.metrics()) >= 5
+            return published(await b.metrics(), None) >= 5
 
         await until(b_publishes, 20, b.tail_log)
         await churn.stop()
@@ -196,7 +176,7 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
         if b.proc is not None:
             assert await b.stop() == 0
     assert lease["spec"]["holderIdentity"] == "replica-b"
-    assert published_total(b_metrics) > 0
+    assert published(b_metrics, None) > 0
     seen = Counter((e["subject"], e["resourceversion"]) for e in events)
     twice = {k: n for k, n in seen.items() if n > 1}
     assert not twice, f"published more than once: {twice}"

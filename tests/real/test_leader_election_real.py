@@ -39,7 +39,16 @@ import pytest
 from bridge.errors import ConflictError, KubeError
 from bridge.kube.client import KubeClient
 from bridge.kube.lease import KubeLeaseClient, LeaderElector, Lease
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9, until, write_config
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    gauge,
+    is_leader,
+    jetstream_events,
+    kill9,
+    published,
+    until,
+    write_config,
+)
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 
@@ -54,28 +63,6 @@ MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 def micro_time(value: str) -> float:
     assert MICRO_TIME.match(value), f"not a MicroTime: {value!r}"
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def gauge(metrics: str, name: str) -> float:
-    match = re.search(rf"^{name} ([0-9.e+-]+)$", metrics, re.M)
-    assert match, f"{name} not in metrics"
-    return float(match.group(1))
-
-
-def published_total(metrics: str) -> float:
-    return sum(
-        float(m.group(1))
-        for m in re.finditer(
-            r"^k8s_bridge_events_published_total\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M
-        )
-    )
-
-
-async def is_leader(bridge: BridgeProcess) -> bool:
-    try:
-        return gauge(await bridge.metrics(), "k8s_bridge_leader") == 1.0
-    except Exception:  # the process is gone or not listening yet
-        return False
 
 
 def replica(
@@ -215,8 +202,8 @@ async def test_kill9_failover_under_churn_on_real_leases(
         a_metrics, b_metrics = await a.metrics(), await b.metrics()
         assert gauge(a_metrics, "k8s_bridge_leader") == 1.0
         assert gauge(b_metrics, "k8s_bridge_leader") == 0.0
-        assert published_total(a_metrics) > 0
-        assert published_total(b_metrics) == 0.0
+        assert published(a_metrics, None) > 0
+        assert published(b_metrics, None) == 0.0
         renewed = kube_cluster.get("coordination.k8s.io/v1", "Lease", LEASE_NAME, ns)["spec"]
         assert micro_time(renewed["renewTime"]) > micro_time(spec["renewTime"]), "renewals"
         assert renewed["acquireTime"] == spec["acquireTime"]
@@ -232,7 +219,7 @@ async def test_kill9_failover_under_churn_on_real_leases(
 
         # Changes keep coming until the new leader has published some of them.
         async def b_publishes() -> bool:
-            return published_total(await b.metrics()) >= 5
+            return published(await b.metrics(), None) >= 5
 
         await until(b_publishes, 30, b.tail_log)
         await churn.stop()
@@ -274,7 +261,7 @@ async def test_kill9_failover_under_churn_on_real_leases(
     # Never before the lease ran out as the standby last saw it renewed (one clock here).
     assert acquired - micro_time(before["renewTime"]) >= LEASE, (spec, before)
     assert takeover <= LEASE + 2.2 * RETRY + 2.0, takeover
-    assert published_total(b_metrics) > 0
+    assert published(b_metrics, None) > 0
     # A graceful stop hands the Lease back (client-go's ReleaseOnCancel): the server took it.
     assert released["spec"]["holderIdentity"] == ""
     assert released["spec"]["leaseDurationSeconds"] == 1
