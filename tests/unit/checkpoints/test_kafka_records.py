@@ -1,0 +1,132 @@
+"""The Kafka checkpoint's record format (the seam a transactional writer shares), how
+a read folds records into rows, and how the store is wired from settings. The store
+against a real broker: tests/real/test_kafka_checkpoint.py and the store contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from bridge.checkpoints.kafka import (
+    KafkaCheckpointStore,
+    _Fold,
+    commit_records,
+    digest_key,
+    watermark_key,
+)
+from bridge.delivery.changes import UNCERTAIN, Digest
+from bridge.errors import ConfigError
+from bridge.service.settings import load_settings
+from bridge.service.wiring import build_checkpoints
+
+
+def test_keys_name_the_resource_and_the_object() -> None:
+    assert digest_key("core/v1/pods@ns", "ns/a") == b"d\x00core/v1/pods@ns\x00ns/a"
+    assert watermark_key("core/v1/pods@ns") == b"w\x00core/v1/pods@ns"
+    assert digest_key("r", "ns/ünï") == b"d\x00r\x00ns/\xc3\xbcn\xc3\xaf"
+
+
+def test_a_commit_is_deletes_then_upserts_then_the_watermark() -> None:
+    records = commit_records(
+        "r",
+        "9",
+        [Digest("ns/b", "ub", "8", "f"), Digest("ns/c", "uc", "9", "g", UNCERTAIN, "old")],
+        ["ns/a", "ns/c"],
+    )
+    assert records == [
+        (b"d\x00r\x00ns/a", None),
+        (b"d\x00r\x00ns/b", orjson.dumps(["ub", "8", "f", "", ""])),
+        # Deleted and upserted in one commit: upserted (as every store does).
+        (b"d\x00r\x00ns/c", orjson.dumps(["uc", "9", "g", UNCERTAIN, "old"])),
+        (b"w\x00r", b'"9"'),
+    ]
+
+
+def test_a_write_ahead_commit_has_no_watermark_and_a_key_once() -> None:
+    records = commit_records(
+        "r", None, [Digest("a", "u", "3", "f", UNCERTAIN), Digest("a", "u", "4", "g")], []
+    )
+    assert records == [(b"d\x00r\x00a", orjson.dumps(["u", "4", "g", "", ""]))]
+    assert commit_records("r", "", [], []) == [(b"w\x00r", b'""')]
+
+
+def fold(records: list[tuple[bytes | None, bytes | None]], only: bytes | None = None) -> Any:
+    f = _Fold(only)
+    f.add([SimpleNamespace(key=k, value=v) for k, v in records])
+    return {
+        rid: (rows.watermark, {k[rows.prefix_length :]: v for k, v in rows.digests.items()})
+        for rid, rows in f.rows.items()
+    }
+
+
+def test_the_last_record_of_a_key_wins_and_a_tombstone_removes_it() -> None:
+    log = [
+        *commit_records(
+            "a", None, [Digest("k1", "u1", "1", "f"), Digest("k2", "u2", "1", "f")], []
+        ),
+        *commit_records("b", "5", [Digest("k1", "v1", "5", "f")], []),  # interleaved
+        *commit_records("a", "2", [Digest("k1", "u1", "2", "g")], ["k2"]),
+        *commit_records("b", "6", [], ["k1"]),
+        (b"d\x00a\x00k2", b"late"),  # written again after its tombstone
+        (None, b"not ours"),
+        (b"x\x00other", b"not ours"),
+    ]
+    assert fold(log) == {
+        b"a": (b'"2"', {b"k1": orjson.dumps(["u1", "2", "g", "", ""]), b"k2": b"late"}),
+        b"b": (b'"6"', {}),
+    }
+    assert fold(log, only=b"b") == {b"b": (b'"6"', {})}
+
+
+def config(tmp_path: Path, sink: dict[str, Any]) -> Any:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "resources": [{"apiVersion": "v1", "kind": "Pod"}],
+                "sink": sink,
+                "checkpoint": {"kind": "kafka", "kafka": {"topic": "cp"}},
+            }
+        )
+    )
+    return load_settings(str(path), env={})
+
+
+def test_the_store_reaches_the_sinks_cluster_as_the_sink_does(tmp_path: Path) -> None:
+    settings = config(
+        tmp_path,
+        {
+            "kind": "kafka",
+            "kafka": {
+                "bootstrapServers": ["k1:9093", "k2:9093"],
+                "securityProtocol": "SASL_PLAINTEXT",
+                "saslMechanism": "SCRAM-SHA-512",
+                "saslUsername": "bridge",
+                "saslPassword": "s3cret",
+            },
+        },
+    )
+    store = build_checkpoints(settings)
+    assert isinstance(store, KafkaCheckpointStore)
+    assert store.topic == "cp" and store.replication_factor is None
+    options = store._options
+    assert options["bootstrap_servers"] == ["k1:9093", "k2:9093"]
+    assert options["security_protocol"] == "SASL_PLAINTEXT"
+    assert options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("bridge", "s3cret")
+
+
+def test_a_kafka_checkpoint_beside_another_sink_is_a_one_line_config_error(
+    tmp_path: Path,
+) -> None:
+    settings = config(tmp_path, {"kind": "nats"})
+    with pytest.raises(ConfigError) as caught:
+        build_checkpoints(settings)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("config error: checkpoint.kind: kafka")
+    assert "sink.kind is 'nats'" in message
