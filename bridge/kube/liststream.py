@@ -525,6 +525,7 @@ class ListBody:
         self._api_version = api_version
         self._what = what
         self._metadata: dict[str, Any] | None = None
+        self._splitter: ListSplitter | None = None
         self._deadline: float | None = None
         self._ahead: _ReadAhead | None = None
 
@@ -551,6 +552,15 @@ class ListBody:
             raise RuntimeError("the list body has not been read to its end")
         return self._metadata
 
+    @property
+    def partial_metadata(self) -> dict[str, Any]:
+        """The list's metadata as far as read: the API server writes it before the
+        items, so it is whole from the first batch on; empty if not read yet."""
+        if self._metadata is not None:
+            return self._metadata
+        meta = self._splitter.envelope.get("metadata") if self._splitter is not None else None
+        return meta if isinstance(meta, dict) else {}
+
     def __aiter__(self) -> AsyncIterator[list[RawObject]]:
         return self._batches()
 
@@ -563,7 +573,7 @@ class ListBody:
         return items
 
     async def _batches(self) -> AsyncIterator[list[RawObject]]:
-        splitter = ListSplitter(self._decode)
+        splitter = self._splitter = ListSplitter(self._decode)
         try:
             async for chunk in self._source():
                 view = memoryview(chunk)

@@ -12,9 +12,13 @@ from bridge.errors import NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.liststream import ListBody
-from bridge.kube.objects import ListResponse, WatchEvent
+from bridge.kube.objects import ListResponse, RawObject, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
+from bridge.kube.sharding import ShardRange
+from bridge.logging import get_logger
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -29,6 +33,16 @@ class ListWatch:
     ``decoder``: objects from ``list_stream`` and ``watch`` keep the top-level
     values nobody reads as the server's bytes (bridge/kube/rawjson.py); None
     parses them whole.
+
+    ``shard``: only the objects in this slice of the hash space (bridge/kube/sharding.py).
+    ``shardSelector`` goes with every LIST page, WATCH and streaming list. A LIST
+    page whose ``metadata.shardInfo.selector`` echoes it was filtered by the server
+    and is trusted; any other page is filtered here with the same hash. A watch
+    carries no echo (not even the initial-events-end bookmark of a streaming list),
+    so its objects are always checked, which costs a hash of one short string per
+    event and keeps the result exact behind API servers that disagree (a rolling
+    upgrade, the gate on some and off others). Deletes of objects outside the
+    shard never came in, so dropping them loses nothing; bookmarks always pass.
     """
 
     def __init__(
@@ -40,6 +54,7 @@ class ListWatch:
         label_selector: str = "",
         field_selector: str = "",
         decoder: ObjectDecoder | None = None,
+        shard: ShardRange | None = None,
     ) -> None:
         self.client = client
         self.decoder = decoder
@@ -47,11 +62,25 @@ class ListWatch:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
+        self.shard = shard
         self.path = resource.path(namespace)
+        self._filter = _ShardFilter(shard, self) if shard is not None else None
 
     def __repr__(self) -> str:
         scope = self.namespace or "*"
-        return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope})"
+        shard = f" shard {self.shard.label()}" if self.shard is not None else ""
+        return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope}{shard})"
+
+    @property
+    def shard_honoured(self) -> bool | None:
+        """Whether the API server applies ``shardSelector``: None until a LIST answer
+        (or an object outside the shard on a watch) says; always None without a shard."""
+        return self._filter.honoured if self._filter is not None else None
+
+    @property
+    def client_filtered(self) -> int:
+        """Objects dropped here because the server sent them although outside the shard."""
+        return self._filter.dropped if self._filter is not None else 0
 
     def _not_served(self, e: NotFoundError) -> NotFoundError:
         """A 404 for the collection itself: discovery served the resource when the
@@ -81,6 +110,8 @@ class ListWatch:
             params["labelSelector"] = self.label_selector
         if self.field_selector:
             params["fieldSelector"] = self.field_selector
+        if self.shard is not None:
+            params["shardSelector"] = self.shard.selector()
 
     def _list_params(self, options: ListOptions) -> dict[str, str | int | bool]:
         params: dict[str, str | int | bool] = {}
@@ -122,6 +153,8 @@ class ListWatch:
             if "kind" not in item:
                 item["kind"] = kind
                 item["apiVersion"] = api_version
+        if self._filter is not None and not self._filter.judge(result.get("metadata")):
+            result["items"] = self._filter.keep(result.get("items") or [])
         return cast(ListResponse, result)
 
     @asynccontextmanager
@@ -136,7 +169,7 @@ class ListWatch:
                 decode=self.decoder.object if self.decoder is not None else orjson.loads,
             )
             try:
-                yield body
+                yield body if self._filter is None else _ShardedListBody(body, self._filter)
             finally:
                 # Its read-ahead task must let go of the body before the stream closes.
                 await body.aclose()
@@ -162,7 +195,138 @@ class ListWatch:
             params,
             decode=self.decoder.watch_event if self.decoder is not None else orjson.loads,
         )
-        return self._opened(stream)
+        if self._filter is None:
+            return self._opened(stream)
+        return self._sharded_watch(stream, self._filter)
+
+    @asynccontextmanager
+    async def _sharded_watch(
+        self, stream: AbstractAsyncContextManager[AsyncIterator[Any]], f: _ShardFilter
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        if f.honoured is None:
+            await self._probe()
+        async with self._opened(stream) as events:
+            yield f.watch(events)
+
+    async def _probe(self) -> None:
+        """One LIST of at most one object, to learn from its echo whether the server
+        applies ``shardSelector`` before a watch that cannot say (a resumed watch, a
+        streaming list). Its errors are the watch's: the same request would fail."""
+        params: dict[str, str | int | bool] = {"limit": 1}
+        self._selectors(params)
+        try:
+            result = await self.client.request_json("GET", self.path, params=params)
+        except NotFoundError as e:
+            raise self._not_served(e) from e
+        assert self._filter is not None
+        self._filter.judge(result.get("metadata"))
+
+
+class _ShardFilter:
+    """The client side of a shard: the echo check and the filter, and what they found."""
+
+    __slots__ = ("_cache", "_field", "_lw", "dropped", "honoured", "shard", "warned")
+
+    # uid -> in shard, so an object's updates hash it once; bounded (a namespace
+    # shard has few distinct values, a uid shard one per object).
+    _CACHE_MAX = 1 << 16
+
+    def __init__(self, shard: ShardRange, lw: ListWatch) -> None:
+        self.shard = shard
+        self._field = shard.field
+        self._lw = lw
+        self._cache: dict[str, bool] = {}
+        self.honoured: bool | None = None
+        self.dropped = 0
+        self.warned = False
+
+    def judge(self, metadata: Any) -> bool:
+        """Whether this LIST answer (its ``metadata``) echoes our selector: the server
+        filtered it. Remembered as ``honoured``; the first no warns, once."""
+        info = metadata.get("shardInfo") if isinstance(metadata, dict) else None
+        echoed = info.get("selector") if isinstance(info, dict) else None
+        honoured = echoed == self.shard.selector()
+        self._verdict(honoured, echoed)
+        return honoured
+
+    def _verdict(self, honoured: bool, echoed: object = None) -> None:
+        self.honoured = honoured
+        if honoured or self.warned:
+            return
+        self.warned = True
+        r = self._lw.resource
+        log.warning(
+            "the API server ignores shardSelector; filtering on the client "
+            "(feature gate ShardedListAndWatch off, or a server older than 1.36)",
+            resource=f"{r.api_version}/{r.plural}",
+            namespace=self._lw.namespace,
+            shard=self.shard.label(),
+            echoed=echoed,
+        )
+
+    def contains(self, obj: RawObject) -> bool:
+        md = obj.get("metadata")
+        value = (md.get(self._field) if isinstance(md, dict) else None) or ""
+        inside = self._cache.get(value)
+        if inside is None:
+            if len(self._cache) >= self._CACHE_MAX:
+                self._cache.clear()
+            inside = self._cache[value] = self.shard.contains(value)
+        return inside
+
+    def keep(self, items: list[RawObject]) -> list[RawObject]:
+        kept = [o for o in items if self.contains(o)]
+        self.dropped += len(items) - len(kept)
+        return kept
+
+    async def watch(self, events: AsyncIterator[WatchEvent]) -> AsyncIterator[WatchEvent]:
+        contains = self.contains
+        async for event in events:
+            kind = event.get("type")
+            if kind in ("ADDED", "MODIFIED", "DELETED") and not contains(event["object"]):
+                self.dropped += 1
+                if self.honoured is not False:
+                    # The server sent what the selector excludes: it did not apply it.
+                    self._verdict(False)
+                continue
+            yield event
+
+
+class _ShardedListBody:
+    """A LIST answer of a shard: trusted when its metadata echoes the selector (the
+    real server writes metadata before items, so that is known at the first batch),
+    filtered here otherwise."""
+
+    def __init__(self, body: ListBody, f: _ShardFilter) -> None:
+        self._body = body
+        self._filter = f
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._body.metadata
+
+    @property
+    def draining(self) -> bool:
+        return self._body.draining
+
+    def pace_until(self, deadline: float) -> None:
+        self._body.pace_until(deadline)
+
+    def __aiter__(self) -> AsyncIterator[list[RawObject]]:
+        return self._batches()
+
+    async def _batches(self) -> AsyncIterator[list[RawObject]]:
+        f = self._filter
+        trusted = False
+        async for batch in self._body:
+            if not trusted:
+                trusted = self._echoed()
+            yield batch if trusted else f.keep(batch)
+        f.judge(self._body.metadata)
+
+    def _echoed(self) -> bool:
+        info = self._body.partial_metadata.get("shardInfo")
+        return isinstance(info, dict) and info.get("selector") == self._filter.shard.selector()
 
 
 def list_watches_for(
@@ -173,6 +337,7 @@ def list_watches_for(
     label_selector: str = "",
     field_selector: str = "",
     decoder: ObjectDecoder | None = None,
+    shard: ShardRange | None = None,
 ) -> list[ListWatch]:
     """One ListWatch per namespace; an empty list (or a cluster-scoped kind) means one for all."""
     if not namespaces or not resource.namespaced:
@@ -183,6 +348,7 @@ def list_watches_for(
                 label_selector=label_selector,
                 field_selector=field_selector,
                 decoder=decoder,
+                shard=shard,
             )
         ]
     return [
@@ -193,6 +359,7 @@ def list_watches_for(
             label_selector=label_selector,
             field_selector=field_selector,
             decoder=decoder,
+            shard=shard,
         )
         for ns in dict.fromkeys(namespaces)
     ]
