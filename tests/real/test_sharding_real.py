@@ -234,7 +234,7 @@ async def test_three_shards_partition_lists_watches_and_streaming_lists(
             assert {key(e["object"]) for e in initial} == {
                 k for k, v in alive.items() if r.contains(v)
             }
-            assert {e["type"] for e in initial} == {"ADDED"}
+            assert {e["type"] for e in initial} <= {"ADDED"}
 
     warnings = [e for e in logs if e["event"].startswith(IGNORED)]
     if server.honours:
