@@ -214,22 +214,24 @@ class ListWatch:
         self, stream: AbstractAsyncContextManager[AsyncIterator[Any]], f: ShardFilter
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         if f.honoured is None:
-            await self._probe()
+            await self.probe_shard()
         async with self._opened(stream) as events:
             yield f.watch(events)
 
-    async def _probe(self) -> None:
-        """One LIST of at most one object, to learn from its echo whether the server
-        applies ``shardSelector`` before a watch that cannot say (a resumed watch, a
-        streaming list). Its errors are the watch's: the same request would fail."""
+    async def probe_shard(self) -> bool | None:
+        """``shard_honoured`` as one LIST of at most one object says (None without a
+        shard). A watch that cannot say (a resumed watch, a streaming list) asks this
+        first; ``check`` asks it too. Raises ``KubeError`` as that LIST would."""
+        if self._filter is None:
+            return None
         params: dict[str, str | int | bool] = {"limit": 1}
         self._selectors(params)
         try:
             result = await self.client.request_json("GET", self.path, params=params)
         except NotFoundError as e:
             raise self._not_served(e) from e
-        assert self._filter is not None
         self._filter.judge(result.get("metadata"))
+        return self._filter.honoured
 
 
 def list_watches_for(
