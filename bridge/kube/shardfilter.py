@@ -25,7 +25,7 @@ import msgspec
 
 from bridge.kube.liststream import ItemDecoder, ListBody
 from bridge.kube.objects import RawObject, WatchEvent
-from bridge.kube.sharding import ShardRange
+from bridge.kube.sharding import ShardRange, parse_selector
 from bridge.logging import get_logger
 
 log = get_logger(__name__)
@@ -90,8 +90,13 @@ class ShardFilter:
     # -- what the server said -------------------------------------------------------
 
     def echoed(self, metadata: Any) -> bool:
+        """Whether a LIST's ``metadata`` echoes this shard's selector (in any spelling
+        of the same range: the server writes its own)."""
         info = metadata.get("shardInfo") if isinstance(metadata, dict) else None
-        return isinstance(info, dict) and info.get("selector") == self.shard.selector()
+        echo = info.get("selector") if isinstance(info, dict) else None
+        if not isinstance(echo, str):
+            return False
+        return echo == self.shard.selector() or parse_selector(echo) == self.shard
 
     def judge(self, metadata: Any) -> bool:
         """Whether this LIST answer (its ``metadata``) echoes our selector: the server

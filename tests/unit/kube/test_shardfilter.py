@@ -120,3 +120,16 @@ def test_watch_lines_the_peek_cannot_read_are_decoded_and_checked() -> None:
     # Not JSON: the decoder's own error, as without a shard.
     with pytest.raises(orjson.JSONDecodeError):
         decode(b'{"type":"ADDED","obj')
+
+
+def test_the_echo_is_the_same_range_in_any_spelling_and_nothing_else() -> None:
+    f = new_filter()
+    start, end = f"0x{SHARD.start:016x}", f"0x{SHARD.end:016x}"
+    assert f.echoed({"shardInfo": {"selector": SHARD.selector()}})
+    assert f.echoed(
+        {"shardInfo": {"selector": f'shardRange(object.metadata.uid,"{start}","{end}")'}}
+    )
+    assert not f.echoed({"shardInfo": {"selector": shard_range(3, 2, "uid").selector()}})
+    assert not f.echoed({"shardInfo": {"selector": shard_range(3, 1, "namespace").selector()}})
+    assert not f.echoed({"shardInfo": {"selector": f"{SHARD.selector()} || {SHARD.selector()}"}})
+    assert not f.echoed({"shardInfo": {}}) and not f.echoed({}) and not f.echoed(None)
