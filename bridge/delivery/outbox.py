@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -79,6 +79,35 @@ class Batch:
     @property
     def events(self) -> list[Event]:
         return [e.event for e in self.entries]
+
+    def settled_rows(self, refused: Collection[int] = ()) -> tuple[list[Digest], list[str]]:
+        """The write-ahead rows as they stand once the batch is on the bus: (upserts,
+        deletes), for a store written in one transaction with the batch itself.
+
+        A key's state after its last event is then certain, a deleted key is gone,
+        and its earlier incarnations' deletes are on the bus too (batches commit
+        in order). A restart's unresolved state stays as written ahead. A key whose
+        last event the bus refused (``refused``: indices into ``entries``) keeps
+        the row it had: the poison policy decides what becomes of it.
+        """
+        final: dict[str, tuple[int, Entry]] = {}
+        for i, e in enumerate(self.entries):
+            if not e.announcement:
+                final[e.key] = (i, e)
+        upserts: list[Digest] = []
+        deletes: list[str] = []
+        for row in self.ahead:
+            i, e = final[row.key]
+            if i in refused:
+                continue
+            d = e.digest
+            if d is not None and row.state == UNCERTAIN and row.uid == d.uid:
+                upserts.append(Digest(row.key, d.uid, d.resource_version, d.fingerprint))
+            elif d is None and row.state == DELETING and row.uid == e.uid:
+                deletes.append(row.key)
+            else:
+                upserts.append(row)
+        return upserts, deletes
 
 
 class CommitStep(NamedTuple):

@@ -54,6 +54,7 @@ from bridge.service.wiring import (
     object_decoder,
     resource_fingerprinter,
     resource_id,
+    transactional_send,
 )
 from bridge.sinks.base import Sink
 
@@ -227,8 +228,9 @@ class BridgeApp:
                     field_selector=res.field_selector,
                     decoder=object_decoder(fingerprinter, builder, filter),
                 )
+                rid = resource_id(info, ns, res)
                 pipeline = ResourcePipeline(
-                    resource_id=resource_id(info, ns, res),
+                    resource_id=rid,
                     lw=lw,
                     detector=ChangeDetector(fingerprinter),
                     builder=builder,
@@ -242,6 +244,7 @@ class BridgeApp:
                     label=label,
                     backoff=self._backoff,
                     filter=filter,
+                    transactional=transactional_send(self.sink, rid),
                 )
                 pipelines.append(pipeline)
                 self.served.append((res, pipeline))
@@ -320,6 +323,8 @@ class BridgeApp:
     ) -> None:
         assert self.client is not None
         self.pipelines = self.build_pipelines(self.client, resolved)
+        if not await self._start_transactions(stop, lost):
+            return
         tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         if lost is not None:
@@ -360,6 +365,31 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _start_transactions(
+        self, stop: asyncio.Event, lost: asyncio.Event | None = None
+    ) -> bool:
+        """With exactly-once, start every resource's transactional producer before any
+        pipeline reads its checkpoint: that fences a previous leader and aborts what
+        it left open. Retried while Kafka is unreachable; False when stopped first."""
+        transactions = getattr(self.sink, "transactions", None)
+        if transactions is None:
+            return True
+        backoff = self._backoff()
+        ids = [p.resource_id for p in self.pipelines]
+        while not stop.is_set() and not (lost is not None and lost.is_set()):
+            try:
+                await transactions.start(ids)
+            except SinkUnavailableError as e:
+                self._sink_unreachable = str(e)
+                log.warning("cannot start the transactional producers; retrying", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(backoff.next_delay()):
+                        await stop.wait()
+                continue
+            self._sink_unreachable = None
+            return True
+        return False
 
     # -- snapshot signals (POST /snapshot) ---------------------------------------
 

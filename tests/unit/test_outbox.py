@@ -308,6 +308,50 @@ def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
     assert batch.ahead == [Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")]
 
 
+# -- rows settled with their batch (exactly-once) ---------------------------------
+
+
+def test_settled_rows_are_certain_gone_and_forget_priors() -> None:
+    """A store written in one transaction with the batch holds the state after it."""
+    w = World()
+    w.change("a", "u1", 10)
+    w.change("b", "ub", 11)
+    w.publish()
+    w.delete("a", "u1", 12)
+    w.change("a", "u2", 13, fp="g")  # re-created in the same batch
+    w.change("c", "uc", 14, fp="h")
+    w.delete("b", "ub", 15)
+    batch = w.outbox.take(10)
+    assert batch is not None
+    upserts, deletes = batch.settled_rows()
+    assert upserts == [Digest("a", "u2", "13", "g"), Digest("c", "uc", "14", "h")]
+    assert all(d.state == CERTAIN and d.prior == "" for d in upserts)
+    assert deletes == ["b"]
+
+
+def test_a_refused_last_event_leaves_its_key_out_of_the_settled_rows() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.change("b", "ub", 11)
+    w.change("a", "ua", 12, fp="g")
+    batch = w.outbox.take(10)
+    assert batch is not None
+    # b's only event refused: its row stays as it was; a's first event refused but
+    # its last landed: a is settled at its last state.
+    upserts, deletes = batch.settled_rows(refused={0, 1})
+    assert (upserts, deletes) == ([Digest("a", "ua", "12", "g")], [])
+
+
+def test_a_restarts_unresolved_state_is_settled_as_it_was_written_ahead() -> None:
+    w = World(watermark="9")
+    row = Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")
+    w.outbox.restore_uncertain([row])
+    w.outbox.decide("a", "u1", event("u1", "", "deleted"), None)
+    batch = w.outbox.take(10)
+    assert batch is not None
+    assert batch.settled_rows() == ([row], [])
+
+
 # -- commits of many keys --------------------------------------------------------
 
 
