@@ -88,6 +88,8 @@ class TransactionalChannel:
         self._lock = asyncio.Lock()
         self.transactions = 0
         self.aborted = 0
+        # Producers left inside a transaction by a cancelled call, to stop.
+        self._stale: list[AIOKafkaProducer] = []
 
     async def start(self) -> None:
         """Start the producer and have its id initialised: from here on, an older
@@ -209,6 +211,7 @@ class TransactionalChannel:
             producer = self._producer
             if producer is None:
                 # Dropped after a failure: started again, which fences only itself.
+                await self._stop_stale()
                 producer = self._producer = await self._new_producer()
             submitted: list[tuple[list[int], asyncio.Future[Any]]] = []
             failed: list[tuple[list[int], kerrors.KafkaError]] = []
@@ -240,11 +243,11 @@ class TransactionalChannel:
                     f" aborted: {exc!r}"
                 ) from exc
             except BaseException:
-                # Cancelled (shutdown): the open transaction is aborted by the next
-                # start of this id, or by the broker after transaction.timeout.ms.
-                for _, fut in submitted:
-                    if fut.done() and not fut.cancelled():
-                        fut.exception()
+                # Cancelled inside the transaction: this producer is left in it. The
+                # next call starts a new one, which aborts it (so does the broker
+                # after transaction.timeout.ms if no call comes).
+                self._producer = None
+                self._stale.append(producer)
                 raise
             finally:
                 for _, fut in submitted:
@@ -327,9 +330,17 @@ class TransactionalChannel:
             async with asyncio.timeout(10):
                 await producer.stop()
 
+    async def _stop_stale(self) -> None:
+        stale, self._stale = self._stale, []
+        for producer in stale:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await producer.stop()
+
     async def close(self) -> None:
         async with self._lock:
             producer, self._producer = self._producer, None
+            await self._stop_stale()
         if producer is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(10):
