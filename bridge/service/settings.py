@@ -336,10 +336,32 @@ class SinkSettings(_Section):
 # --- checkpoint, informer, server, logging ----------------------------------------
 
 
+class CheckpointKafkaSettings(_Section):
+    topic: str = Field(
+        default="k8s-bridge-checkpoints",
+        min_length=1,
+        description="Compacted topic of the checkpoint, in the sink's Kafka cluster; created "
+        "with one partition and cleanup.policy=compact if missing",
+    )
+    replication_factor: int | None = Field(
+        default=None,
+        gt=0,
+        description="Replicas of the topic when the bridge creates it; omitted: 3, or the "
+        "number of brokers if fewer",
+    )
+    timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a checkpoint write (acks=all) or the read at start may take "
+        "before Kafka counts as unreachable",
+    )
+
+
 class CheckpointSettings(_Section):
-    kind: Literal["sqlite", "memory", "nats-kv"] = "sqlite"
+    kind: Literal["sqlite", "memory", "nats-kv", "kafka"] = "sqlite"
     path: str = "./k8s-bridge-state.db"
     bucket: str = "k8s-bridge"
+    kafka: CheckpointKafkaSettings = Field(default_factory=CheckpointKafkaSettings)
     flush_interval: float = Field(
         default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
     )

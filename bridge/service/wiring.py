@@ -72,8 +72,13 @@ def build_checkpoints(settings: Settings) -> CheckpointStore:
             tls_cert=n.tls.cert if n.tls else None,
             tls_key=n.tls.key if n.tls else None,
         )
+    if kind == "kafka":
+        from bridge.checkpoints.kafka import KafkaCheckpointStore
+
+        # The topic lives in the sink's Kafka cluster: the same credentials and TLS reach it.
+        return KafkaCheckpointStore.from_settings(settings)
     raise ConfigError(
-        f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv"
+        f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv, kafka"
     )
 
 
