@@ -94,7 +94,7 @@ class BridgeApp:
         # handed back, bridge/service/tuning.py); the app itself leaves the process alone.
         self._after_first_sync = after_first_sync
         self.sink = sink or build_sink(settings)
-        self.checkpoints = checkpoints or build_checkpoints(settings)
+        self.checkpoints = checkpoints or build_checkpoints(settings, self.sink)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.pipelines: list[ResourcePipeline] = []

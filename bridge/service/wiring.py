@@ -48,7 +48,9 @@ def build_sink(settings: Settings) -> Sink:
     raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
 
 
-def build_checkpoints(settings: Settings) -> CheckpointStore:
+def build_checkpoints(settings: Settings, sink: Sink | None = None) -> CheckpointStore:
+    """The checkpoint store; with exactly-once, ``sink``'s transactions write the Kafka
+    one, so commits and batches of a resource share its transactional producer."""
     kind = settings.checkpoint.kind
     if kind == "memory":
         from bridge.checkpoints.memory import MemoryCheckpointStore
@@ -76,7 +78,9 @@ def build_checkpoints(settings: Settings) -> CheckpointStore:
         from bridge.checkpoints.kafka import KafkaCheckpointStore
 
         # The topic lives in the sink's Kafka cluster: the same credentials and TLS reach it.
-        return KafkaCheckpointStore.from_settings(settings)
+        return KafkaCheckpointStore.from_settings(
+            settings, writer=getattr(sink, "transactions", None)
+        )
     raise ConfigError(
         f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv, kafka"
     )

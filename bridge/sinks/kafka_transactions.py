@@ -160,10 +160,10 @@ class TransactionalChannel:
         # Records to send alone (a refusal is for a whole record batch, not one record).
         alone: set[int] = set()
         while True:
-            rows = [(topic, key, value, []) for key, value in checkpoint(refused.keys())]
-            failed = await self._transaction(
-                [*records, *rows], skip=refused, alone=alone
-            )
+            rows: list[_Record] = [
+                (topic, key, value, []) for key, value in checkpoint(refused.keys())
+            ]
+            failed = await self._transaction([*records, *rows], skip=refused, alone=alone)
             if not failed:
                 return refused
             # Refused records: the transaction was aborted. A record refused alone is
