@@ -29,6 +29,7 @@ from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 from bridge.errors import (
     BridgeError,
+    CheckpointError,
     ConfigError,
     KubeConnectionError,
     ResourceFailedError,
@@ -111,6 +112,8 @@ class BridgeApp:
         self._on_ready = on_ready
         # Why the bus looks unreachable (a failed probe), for readiness; None: fine.
         self._sink_unreachable: str | None = None
+        # Why a new leader cannot open the checkpoint store yet, for readiness; None: fine.
+        self._checkpoint_unavailable: str | None = None
         self.sink_probe_interval = 2.0
         # One retry policy for every loop that waits for something to come back.
         self._backoff: Callable[[], Backoff] = backoff or (
@@ -127,6 +130,10 @@ class BridgeApp:
             reasons.append(f"sink {self.settings.sink.kind}: not connected")
         elif self._sink_unreachable is not None:
             reasons.append(f"sink {self.settings.sink.kind}: {self._sink_unreachable}")
+        if self.leading and self._checkpoint_unavailable is not None:
+            reasons.append(
+                f"checkpoint {self.settings.checkpoint.kind}: {self._checkpoint_unavailable}"
+            )
         # A standby replica (not leading) runs no pipelines and is ready to take over.
         if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
@@ -305,7 +312,8 @@ class BridgeApp:
             resolved = await self.resolve_retrying(self.client, stop)
             if resolved is None:
                 return
-            await self.checkpoints.open()
+            if not s.leader_election.enabled:
+                await self.checkpoints.open()
             if not await self.start_sink(stop):
                 return
             if s.leader_election.enabled:
@@ -532,13 +540,59 @@ class BridgeApp:
                     return
                 if stop.is_set():
                     return
+                if not await self._open_checkpoints(stop, lost):
+                    continue
                 log.info("leading: starting pipelines")
-                await self._run_pipelines(stop, resolved, lost)
-                self.pipelines = []
-                log.info("stopped leading: pipelines stopped")
+                try:
+                    await self._run_pipelines(stop, resolved, lost)
+                finally:
+                    self.pipelines = []
+                    # Let go of the store with the Lease: the next leader (on this host,
+                    # SQLite's flock) must be able to open it.
+                    await self._close_checkpoints()
+                log.info("stopped leading: pipelines stopped, checkpoint store closed")
         finally:
             election.cancel()
             await asyncio.gather(election, return_exceptions=True)
+
+    async def _open_checkpoints(self, stop: asyncio.Event, lost: asyncio.Event) -> bool:
+        """Open the checkpoint store for a leadership term, retrying (not-ready) while it
+        cannot be opened: a store still held by the old leader (SQLite's lock, until that
+        process has flushed and let go) or one that is unreachable. False: the term
+        ended, or the bridge is stopping, before it opened."""
+        backoff = self._backoff()
+        warned: str | None = None
+        while not (stop.is_set() or lost.is_set()):
+            try:
+                await self.checkpoints.open()
+            except CheckpointError as e:
+                self._checkpoint_unavailable = str(e)
+                if str(e) != warned:
+                    warned = str(e)
+                    log.warning(
+                        "leading, but the checkpoint store cannot be opened yet; retrying",
+                        error=str(e),
+                    )
+                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+                try:
+                    await asyncio.wait(
+                        waiters, timeout=backoff.next_delay(), return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    for w in waiters:
+                        w.cancel()
+                    await asyncio.gather(*waiters, return_exceptions=True)
+                continue
+            self._checkpoint_unavailable = None
+            return True
+        self._checkpoint_unavailable = None
+        return False
+
+    async def _close_checkpoints(self) -> None:
+        try:
+            await self.checkpoints.close()
+        except Exception as e:  # the next term opens it anew; closing must not end this one
+            log.warning("checkpoint store close failed", error=str(e))
 
     async def _close(self) -> None:
         for closer in (self.sink.close, self.checkpoints.close):
