@@ -363,7 +363,8 @@ async def _replay_diff(
     err: TextIO,
 ) -> None:
     checkpoint = await _load_checkpoint(settings, rid, err)
-    digests = dict(checkpoint.digests) if checkpoint else {}
+    # A GONE row is an object whose delete is already on the bus.
+    digests = {k: d for k, d in checkpoint.digests.items() if d.state != GONE} if checkpoint else {}
     if only_namespace:
         digests = {k: d for k, d in digests.items() if k.startswith(f"{only_namespace}/")}
     items, _ = await _list_all(lw, ListOptions(limit=500))

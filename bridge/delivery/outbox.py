@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
+from bridge.delivery.changes import DELETING, GONE, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 
 
@@ -84,9 +84,10 @@ class Batch:
         """The write-ahead rows as they stand once the batch is on the bus: (upserts,
         deletes), for a store written in one transaction with the batch itself.
 
-        A key's state after its last event is then certain, a deleted key is gone,
-        and its earlier incarnations' deletes are on the bus too (batches commit
-        in order). A restart's unresolved state stays as written ahead. A key whose
+        A key's state after its last event is then certain, a deleted key is
+        ``GONE`` at its delete's resourceVersion (until a commit behind the bus,
+        with a watermark past it, removes the row), and its earlier incarnations'
+        deletes are on the bus too (batches commit in order). A restart's unresolved state stays as written ahead. A key whose
         last event the bus refused (``refused``: indices into ``entries``) keeps
         the row it had: the poison policy decides what becomes of it.
         """
@@ -104,7 +105,7 @@ class Batch:
             if d is not None and row.state == UNCERTAIN and row.uid == d.uid:
                 upserts.append(Digest(row.key, d.uid, d.resource_version, d.fingerprint))
             elif d is None and row.state == DELETING and row.uid == e.uid:
-                deletes.append(row.key)
+                upserts.append(Digest(row.key, row.uid, row.resource_version, "", GONE))
             else:
                 upserts.append(row)
         return upserts, deletes
@@ -156,11 +157,26 @@ class Commit:
 
     def steps(self, size: int) -> Iterator[CommitStep]:
         """At most ``size`` keys per step, each step's rows read when it is reached;
-        the last carries the watermark (a commit of no keys is that step alone)."""
+        the last carries the watermark (a commit of no keys is that step alone).
+
+        Deletes wait for the last step: a row removed before the watermark passes
+        its delete would leave a watch resumed from the old watermark to replay
+        the object as new. Their rows are read again then (a key decided since
+        has its write-ahead row, which stays).
+        """
         keys, n = self.keys, len(self.keys)
+        held: list[str] = []
         for start in range(0, n, size):
             upserts, deletes = self._rows_of(keys[start : start + size])
-            yield CommitStep(self.watermark if start + size >= n else None, upserts, deletes)
+            if start + size < n:
+                held.extend(deletes)
+                yield CommitStep(None, upserts, [])
+                continue
+            if held:
+                again, gone = self._rows_of(held)
+                upserts.extend(again)
+                deletes = gone + deletes
+            yield CommitStep(self.watermark, upserts, deletes)
         if not n:
             yield CommitStep(self.watermark, [], [])
 

@@ -312,7 +312,8 @@ class BridgeApp:
             resolved = await self.resolve_retrying(self.client, stop)
             if resolved is None:
                 return
-            if not s.leader_election.enabled:
+            exactly_once = getattr(self.sink, "transactions", None) is not None
+            if not s.leader_election.enabled and not exactly_once:
                 await self.checkpoints.open()
             if not await self.start_sink(stop):
                 return
@@ -331,8 +332,16 @@ class BridgeApp:
     ) -> None:
         assert self.client is not None
         self.pipelines = self.build_pipelines(self.client, resolved)
+        # Built, not yet run: no pipeline has read its checkpoint.
         if not await self._start_transactions(stop, lost):
             return
+        if lost is not None:
+            # A leadership term: the store opens now (a standby never touches it),
+            # after the transactional producers fenced the previous leader's.
+            if not await self._open_checkpoints(stop, lost):
+                return
+        elif getattr(self.sink, "transactions", None) is not None:
+            await self.checkpoints.open()
         tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         if lost is not None:
@@ -540,8 +549,6 @@ class BridgeApp:
                     return
                 if stop.is_set():
                     return
-                if not await self._open_checkpoints(stop, lost):
-                    continue
                 log.info("leading: starting pipelines")
                 try:
                     await self._run_pipelines(stop, resolved, lost)

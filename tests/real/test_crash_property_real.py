@@ -27,6 +27,7 @@ from tests.e2e.crash_world import (
     annotation_patch,
     check_property,
     crash_rounds,
+    kafka_checkpoint_settled,
     kafka_events,
     seed,
     sqlite_settled,
@@ -63,14 +64,21 @@ def real_target(cluster: KubeCluster, ns: str, rng: random.Random) -> Target:
     )
 
 
-def config(tmp_path: Path, cluster: KubeCluster, ns: str, sink: dict[str, Any]) -> Path:
+def config(
+    tmp_path: Path,
+    cluster: KubeCluster,
+    ns: str,
+    sink: dict[str, Any],
+    checkpoint: dict[str, Any] | None = None,
+) -> Path:
     return write_config(
         tmp_path / "bridge.yaml",
         kubeconfig=cluster.write_kubeconfig(tmp_path / "kubeconfig"),
         sink=sink,
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
         # The default cadence: a second of acknowledged events not yet committed as certain.
-        checkpoint={"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 1.0},
+        checkpoint=checkpoint
+        or {"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 1.0},
     )
 
 
@@ -119,3 +127,48 @@ async def test_kill9_at_random_moments_on_kube_apiserver_against_real_kafka(
     )
     events = await kafka_events(real_kafka.bootstrap, topic)
     check_property(world, events, s, "kube-apiserver+kafka")
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+async def test_kill9_at_random_moments_with_the_checkpoint_in_kafka(
+    tmp_path: Path,
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kafka: KafkaBroker,
+    exactly_once: bool,
+) -> None:
+    """No NATS anywhere: events and checkpoint in one Kafka cluster. With transactions a
+    read_committed consumer sees no id twice; without, the same kills show
+    redeliveries (the proof that this test can tell the two apart)."""
+    s = seed()
+    rng = random.Random(s)
+    ns = kube_namespace
+    tag = uuid.uuid4().hex[:8]
+    topic, checkpoint_topic = f"crash-{tag}", f"crash-cp-{tag}"
+    sink = {
+        "kind": "kafka",
+        "kafka": {
+            "bootstrapServers": [real_kafka.bootstrap],
+            "topic": topic,
+            "exactlyOnce": exactly_once,
+            "transactionalIdPrefix": f"crash-{tag}",
+        },
+    }
+    checkpoint = {"kind": "kafka", "kafka": {"topic": checkpoint_topic}, "flushInterval": 1.0}
+    world = await crash_rounds(
+        real_target(kube_cluster, ns, random.Random(s + 1)),
+        config(tmp_path, kube_cluster, ns, sink, checkpoint),
+        rng,
+        ROUNDS,
+        kafka_checkpoint_settled(real_kafka.bootstrap, checkpoint_topic, f"core/v1/pods@{ns}"),
+        initial=INITIAL,
+        seed=s,
+    )
+    events = await kafka_events(real_kafka.bootstrap, topic, isolation_level="read_committed")
+    ids = [e["id"] for e in events]
+    twice = len(ids) - len(set(ids))
+    check_property(world, events, s, f"kube-apiserver+kafka, exactlyOnce {exactly_once}")
+    if exactly_once:
+        assert twice == 0, f"{twice} ids reached read_committed twice (CRASH_SEED={s})"
+    else:
+        assert twice > 0, f"no redelivery in {ROUNDS} kills (CRASH_SEED={s})"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.delivery.changes import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 from bridge.delivery.outbox import Batch, Outbox
 
@@ -324,9 +324,13 @@ def test_settled_rows_are_certain_gone_and_forget_priors() -> None:
     batch = w.outbox.take(10)
     assert batch is not None
     upserts, deletes = batch.settled_rows()
-    assert upserts == [Digest("a", "u2", "13", "g"), Digest("c", "uc", "14", "h")]
-    assert all(d.state == CERTAIN and d.prior == "" for d in upserts)
-    assert deletes == ["b"]
+    assert upserts == [
+        Digest("a", "u2", "13", "g"),
+        Digest("c", "uc", "14", "h"),
+        # Not a tombstone: a watch from an older watermark would bring b back.
+        Digest("b", "ub", "15", "", GONE),
+    ]
+    assert deletes == []
 
 
 def test_a_refused_last_event_leaves_its_key_out_of_the_settled_rows() -> None:
@@ -384,12 +388,32 @@ def test_a_commit_reads_its_digests_from_the_cache_a_step_at_a_time() -> None:
     assert built == ["a", "b"]
     assert first.watermark is None  # not before every row is stored
     assert [(d.key, d.resource_version) for d in first.upserts] == [("a", "10")]
-    assert first.deletes == ["b"]
+    # b's delete waits for the watermark: a row gone before it passes the delete
+    # would let a watch from the old watermark replay b as new.
+    assert first.deletes == []
     last = next(steps)
-    assert built == ["a", "b", "c", "d"]
+    assert built == ["a", "b", "c", "d", "b"]  # b read again, with the last step
     assert last.watermark == "13"
-    assert [d.key for d in last.upserts] == ["c", "d"] and last.deletes == []
+    assert [d.key for d in last.upserts] == ["c", "d"] and last.deletes == ["b"]
     assert next(steps, None) is None
+
+
+def test_a_held_delete_of_a_key_decided_since_keeps_its_write_ahead_row() -> None:
+    w = World()
+    for i, key in enumerate("abcd"):
+        w.change(key, f"u{key}", 10 + i)
+    w.publish()
+    w.commit()
+    w.delete("b", "ub", 20)
+    w.change("c", "uc", 21, fp="g")
+    w.publish()
+    commit = w.outbox.checkpoint()
+    assert commit is not None and commit.keys == ["b", "c"]
+    steps = commit.steps(1)
+    assert next(steps).deletes == []  # b held
+    w.change("b", "ub2", 22)  # re-created: its event is on its way
+    last = next(steps)
+    assert last.deletes == [] and [d.key for d in last.upserts] == ["c"]
 
 
 def test_a_key_decided_between_steps_keeps_its_write_ahead_row() -> None:
