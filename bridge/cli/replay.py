@@ -29,7 +29,7 @@ from typing import TextIO
 from bridge.checkpoints.base import Checkpoint, CheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.cli.stored import AckedCounter, JetStreamCounter, StoredCounter
-from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, object_from_digest
+from bridge.delivery.changes import GONE, Change, ChangeDetector, ChangeKind, object_from_digest
 from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error

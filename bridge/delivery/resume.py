@@ -84,10 +84,10 @@ async def resume(
     deletes: list[tuple[str, str, Event]] = []
     # Deletes on the bus, maybe after the watermark (exactly-once, see GONE).
     gone_after: list[Digest] = []
-    gone: list[str] = []
+    gone_keys: list[str] = []
     for d in checkpoint.others:
         if d.state == GONE:
-            gone.append(d.key)
+            gone_keys.append(d.key)
             if start_at is not None and _after(d.resource_version, start_at):
                 gone_after.append(d)
             continue
@@ -132,7 +132,7 @@ async def resume(
         watermark=checkpoint.resource_version,
         uncertain=uncertain,
         deletes=deletes,
-        gone=gone,
+        gone=gone_keys,
     )
 
 
