@@ -314,7 +314,8 @@ class BridgeApp:
                 return
             exactly_once = getattr(self.sink, "transactions", None) is not None
             if not s.leader_election.enabled and not exactly_once:
-                await self.checkpoints.open()
+                if not await self._open_store(stop):
+                    return
             if not await self.start_sink(stop):
                 return
             if s.leader_election.enabled:
@@ -341,7 +342,8 @@ class BridgeApp:
             if not await self._open_checkpoints(stop, lost):
                 return
         elif getattr(self.sink, "transactions", None) is not None:
-            await self.checkpoints.open()
+            if not await self._open_store(stop):
+                return
         tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         if lost is not None:
@@ -561,6 +563,16 @@ class BridgeApp:
         finally:
             election.cancel()
             await asyncio.gather(election, return_exceptions=True)
+
+    async def _open_store(self, stop: asyncio.Event) -> bool:
+        """Open the checkpoint store of a bridge without leader election. A store on a
+        server (nats-kv, kafka) that cannot be reached yet is waited for, not-ready;
+        a local file that cannot be opened (in use, unwritable) stops the bridge: a
+        person must act."""
+        if self.settings.checkpoint.kind in ("sqlite", "memory"):
+            await self.checkpoints.open()
+            return True
+        return await self._open_checkpoints(stop, asyncio.Event())
 
     async def _open_checkpoints(self, stop: asyncio.Event, lost: asyncio.Event) -> bool:
         """Open the checkpoint store for a leadership term, retrying (not-ready) while it
