@@ -311,6 +311,7 @@ def kafka_check_config(home: Path, kubeconfig: Path, bootstrap: str, topic: str,
     )
 
 
+@pytest.mark.timeout(180)  # three checks and a broker of its own to start
 async def test_kafka_topic_below_what_the_guarantees_need_warns_one_line_each(
     tmp_path: Path, kubeconfig: Path, emulator: Emulator, kafka_broker: str
 ) -> None:
@@ -349,4 +350,18 @@ async def test_kafka_topic_below_what_the_guarantees_need_warns_one_line_each(
     assert warnings(lines) == [
         f"WARN  sink kafka topic {sound}: replication factor is 1: the loss of one broker's "
         "disk loses acknowledged events; use 3 or more"
+    ], lines
+
+    # A topic per resource is created when first published to: the broker's defaults.
+    templated = f"t-{uuid.uuid4().hex[:8]}-{{resource}}"
+    code, lines, err = await check(
+        kafka_check_config(tmp_path / "templated", kubeconfig, kafka_broker, templated, "all")
+    )
+    assert code == 0, (lines, err)
+    what = f"WARN  sink kafka topics {templated} (to be created with the broker's defaults): "
+    assert warnings(lines) == [
+        what + "default.replication.factor is 1: the loss of one broker's disk loses "
+        "acknowledged events; use 3 or more",
+        what + "min.insync.replicas is 1: acks=all is then satisfied by the leader alone; "
+        "set it to 2 or more (with a replication factor of 3)",
     ], lines
