@@ -59,7 +59,9 @@ def build_checkpoints(settings: Settings, sink: Sink | None = None) -> Checkpoin
     if kind == "sqlite":
         from bridge.checkpoints.sqlite import SqliteCheckpointStore
 
-        return SqliteCheckpointStore(settings.checkpoint.path)
+        return SqliteCheckpointStore(
+            settings.checkpoint.path, sync_write_ahead=settings.checkpoint.sync_write_ahead
+        )
     if kind == "nats-kv":
         from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 

@@ -105,6 +105,14 @@ CASES: dict[str, dict[str, Any]] = {
         "values": {"replicaCount": 2, "persistence": {"enabled": False}},
         "namespace": "bridge",
     },
+    "replicas-on-sqlite": {
+        "values": {
+            "replicaCount": 2,
+            "leaderElection": {"enabled": True},
+            "persistence": {"enabled": False},
+        },
+        "namespace": "bridge",
+    },
 }
 
 
@@ -221,6 +229,12 @@ def test_values_schema_rejects_bad_bridge_config(
 
 def test_replicas_without_leader_election_refuse_to_render(helm_results: dict[str, Any]) -> None:
     assert "leaderElection.enabled" in helm_results["replicas-without-election"]["renderError"]
+
+
+def test_replicas_on_a_sqlite_checkpoint_refuse_to_render(helm_results: dict[str, Any]) -> None:
+    # SQLite is one file on one host: across pods each would resume from its own.
+    error = helm_results["replicas-on-sqlite"]["renderError"]
+    assert "config.checkpoint.kind: sqlite" in error and "nats-kv or kafka" in error, error
 
 
 # --- every manifest is valid Kubernetes ------------------------------------------------
