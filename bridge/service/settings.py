@@ -361,16 +361,13 @@ class CheckpointSettings(_Section):
     kind: Literal["sqlite", "memory", "nats-kv", "kafka"] = "sqlite"
     path: str = "./k8s-bridge-state.db"
     bucket: str = "k8s-bridge"
-<<<<<<< HEAD
     kafka: CheckpointKafkaSettings = Field(default_factory=CheckpointKafkaSettings)
-=======
     sync_write_ahead: bool = Field(
         default=True,
         description="sqlite: fsync each write-ahead batch (synchronous=FULL for it), so the "
         "rows of events on their way survive an OS crash or power loss; off, a power loss "
         "may drop them and the deletes of those objects made while down go unpublished",
     )
->>>>>>> ha-durability
     flush_interval: float = Field(
         default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
     )

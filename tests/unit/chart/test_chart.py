@@ -86,6 +86,7 @@ CLUSTER_WIDE: dict[str, Any] = {
     "rbac": {"selfSubjectAccessReview": False},
 }
 
+
 def kafka_only_values() -> dict[str, Any]:
     """The two-replica, Kafka-only, exactly-once values docs/operations.md shows."""
     text = (ROOT / "docs" / "operations.md").read_text()
