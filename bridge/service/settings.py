@@ -303,6 +303,17 @@ class KafkaSettings(_Section):
         " it (or its standby) starts again",
     )
 
+    @model_validator(mode="after")
+    def _idempotence_needs_acks_all(self) -> KafkaSettings:
+        # aiokafka refuses the combination with a ValueError at the first producer.
+        if self.enable_idempotence and self.acks != "all":
+            raise PydanticCustomError(
+                "keyed_error",
+                f"sink.kafka.acks: {self.acks} needs sink.kafka.enableIdempotence false"
+                " (the idempotent producer, the default, requires acks all)",
+            )
+        return self
+
     @field_validator("acks", mode="before")
     @classmethod
     def _acks(cls, value: Any) -> Any:
