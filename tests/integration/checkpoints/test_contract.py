@@ -1,4 +1,5 @@
-"""The CheckpointStore contract, run against every store: memory, SQLite and NATS KV.
+"""The CheckpointStore contract, run against every store: memory, SQLite, NATS KV and
+a Kafka topic (on a real Apache Kafka broker).
 
 What the outbox relies on: an empty watermark is a checkpoint (not "none"),
 write-ahead rows (``resource_version=None``) keep their state and prior uids
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge.checkpoints import CheckpointStore
+from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
@@ -25,14 +27,19 @@ pytestmark = pytest.mark.integration
 Factory = Callable[[], CheckpointStore]
 
 
-@pytest.fixture(params=["memory", "sqlite", "nats-kv"])
-async def make(
-    request: pytest.FixtureRequest, tmp_path: Path, nats_server: str
-) -> AsyncIterator[Factory]:
+@pytest.fixture(
+    params=["memory", "sqlite", "nats-kv", pytest.param("kafka", marks=pytest.mark.real)]
+)
+async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
     """A factory of stores that all see the same data (a "reopen" is a new instance)."""
     memory = MemoryCheckpointStore()
     bucket = "cp-" + uuid.uuid4().hex[:8]
     opened: list[CheckpointStore] = []
+    # Only the server the store needs (a test of one store starts no other).
+    if request.param == "nats-kv":
+        nats_server: str = request.getfixturevalue("nats_server")
+    elif request.param == "kafka":
+        bootstrap: str = request.getfixturevalue("real_kafka").bootstrap
 
     def factory() -> CheckpointStore:
         store: CheckpointStore
@@ -40,6 +47,8 @@ async def make(
             store = memory
         elif request.param == "sqlite":
             store = SqliteCheckpointStore(tmp_path / "state.db")
+        elif request.param == "kafka":
+            store = KafkaCheckpointStore({"bootstrap_servers": [bootstrap]}, "cp-" + bucket)
         else:
             store = NatsKvCheckpointStore([nats_server], bucket=bucket)
         opened.append(store)

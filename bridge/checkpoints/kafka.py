@@ -1,0 +1,517 @@
+"""Checkpoints in a compacted Kafka topic of the sink's cluster (as Kafka Connect
+keeps its source offsets): a Kafka-only deployment needs no disk and no second bus.
+
+Records (keys and values are bytes; resource ids and object keys hold no NUL):
+
+    d\\0<resource id>\\0<object key>   one per object digest: JSON
+                                     [uid, resourceVersion, fingerprint, state, prior];
+                                     a delete is the same key with no value (a tombstone)
+    w\\0<resource id>                 the watermark: the resourceVersion as a JSON string
+
+Compaction keeps the last record of each key, so the topic stays about as large
+as the checkpoint itself; a read from the beginning to the end, last record per
+key winning and tombstones removing, gives exactly what was committed.
+
+One partition, written in call order (``PARTITION``): a commit's records are
+deletes, upserts, then the watermark, and in one partition's log they land in
+that order, so a watermark is never stored ahead of its digests (a crash inside
+a commit leaves digests ahead of the watermark, which replays as recognisable
+redeliveries, as the NATS KV store explains), and a write-ahead row written
+after a commit step lands after it. Several partitions would need the writer to
+wait for the digests' acks before sending each watermark (a second round trip
+per commit) and buy nothing: the read at start is bound by decoding on one
+core, not by the broker.
+
+Loading reads the topic once, in ``open``, up to its last stable offset with
+``read_committed`` (transactional writers' aborted or open records are not
+the checkpoint), and holds each resource's rows (key and value bytes, nothing
+decoded) until ``load``/``load_bulk`` takes them; taken rows are freed. A
+resource committed to since that read is read again when it is loaded.
+
+Writes go through a ``RecordWriter``: by default the store's own idempotent
+producer (acks=all); the exactly-once sink hands in its transactional one, so
+events and the checkpoint records that cover them commit together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiokafka.errors as kerrors
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, PlainRow, R, RowConverter
+from bridge.delivery.changes import Digest
+from bridge.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from bridge.service.settings import KafkaSettings, Settings
+
+# The checkpoint topic's one partition (see the module's docstring).
+PARTITION = 0
+
+_DIGEST = b"d\x00"
+_WATERMARK = b"w\x00"
+
+Record = tuple[bytes, bytes | None]
+
+
+# --- the record format (the seam with transactional writers) ---------------------
+
+
+def digest_key(resource_id: str, key: str) -> bytes:
+    return b"%s%s\x00%s" % (_DIGEST, resource_id.encode(), key.encode())
+
+
+def watermark_key(resource_id: str) -> bytes:
+    return _WATERMARK + resource_id.encode()
+
+
+def digest_value(d: Digest) -> bytes:
+    return orjson.dumps([d.uid, d.resource_version, d.fingerprint, d.state, d.prior])
+
+
+def commit_records(
+    resource_id: str,
+    resource_version: str | None,
+    upserts: Iterable[Digest],
+    deletes: Iterable[str],
+) -> list[Record]:
+    """The records of one ``CheckpointStore.commit``, in the order they must land:
+    deletes, then upserts (a key in both ends upserted), then the watermark (if any)."""
+    rid = resource_id.encode()
+    prefix = _DIGEST + rid + b"\x00"
+    dumps = orjson.dumps
+    ups: dict[bytes, bytes] = {
+        prefix + d.key.encode(): dumps([d.uid, d.resource_version, d.fingerprint, d.state, d.prior])
+        for d in upserts
+    }
+    records: list[Record] = []
+    for key in deletes:
+        k = prefix + key.encode()
+        if k not in ups:
+            records.append((k, None))
+    records.extend(ups.items())
+    if resource_version is not None:
+        records.append((_WATERMARK + rid, dumps(resource_version)))
+    return records
+
+
+class RecordWriter(Protocol):
+    """Stores records in the checkpoint topic (partition ``PARTITION``), durably
+    (acks=all) and in order, before returning; raises ``CheckpointError`` when
+    Kafka cannot take them (the pipeline retries). Called one call at a time, in
+    the order of the store's commits."""
+
+    async def write(self, resource_id: str, records: list[Record]) -> None: ...
+
+
+# --- connection ------------------------------------------------------------------
+
+
+def connection_options(k: KafkaSettings) -> dict[str, Any]:
+    """Bootstrap servers, security, SASL and TLS of ``sink.kafka``: the checkpoint
+    topic lives in the sink's cluster and reaches it the same way."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": list(k.bootstrap_servers),
+        "security_protocol": k.security_protocol,
+        "client_id": "k8s-bridge-checkpoint",
+    }
+    if k.sasl_mechanism:
+        options.update(
+            sasl_mechanism=k.sasl_mechanism,
+            sasl_plain_username=k.sasl_username,
+            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+        )
+    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
+        if k.ssl is not None and k.ssl.certfile:
+            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
+        options["ssl_context"] = ctx
+    return options
+
+
+# Errors that mean "Kafka cannot be reached or cannot take it now".
+_UNREACHABLE: tuple[type[BaseException], ...] = (kerrors.KafkaError, TimeoutError, OSError)
+
+
+class ProducerWriter:
+    """The store's own writer: an idempotent producer with acks=all.
+
+    A failed write leaves the producer's sequence numbers for the partition out of
+    step with the broker's; the next write starts a fresh producer.
+    """
+
+    def __init__(self, topic: str, options: dict[str, Any], timeout: float) -> None:
+        self.topic = topic
+        self.timeout = timeout
+        self._options = options
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def where(self) -> str:
+        return f"checkpoint topic {self.topic!r} at {','.join(self._options['bootstrap_servers'])}"
+
+    async def _ready(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                **self._options,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=0,
+                max_batch_size=1_048_576,
+                request_timeout_ms=int(self.timeout * 1000),
+            )
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await producer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def write(self, resource_id: str, records: list[Record]) -> None:
+        if not records:
+            return
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(self.timeout):
+                producer = await self._ready()
+                builder = producer.create_batch()
+                for key, value in records:
+                    if builder.append(timestamp=None, key=key, value=value, headers=[]) is None:
+                        # Full: this batch goes, and its acks are awaited before the
+                        # next is sent, so a commit's watermark (its last record)
+                        # never lands ahead of its digests whatever the producer does.
+                        futures.append(
+                            await producer.send_batch(builder, self.topic, partition=PARTITION)
+                        )
+                        await futures[-1]
+                        builder = producer.create_batch()
+                        builder.append(timestamp=None, key=key, value=value, headers=[])
+                futures.append(await producer.send_batch(builder, self.topic, partition=PARTITION))
+                await futures[-1]
+        except _UNREACHABLE as exc:
+            for fut in futures:
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+            await self._discard()
+            raise CheckpointError(
+                f"{self.where}: commit of {resource_id} not stored: {exc!r}"
+            ) from exc
+
+    async def _discard(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.timeout):
+                    await producer.stop()
+
+    async def close(self) -> None:
+        await self._discard()
+
+
+# --- the store -------------------------------------------------------------------
+
+
+class _Rows:
+    """One resource's rows as read from the topic: object key → digest value."""
+
+    __slots__ = ("digests", "watermark")
+
+    def __init__(self) -> None:
+        self.digests: dict[bytes, bytes] = {}
+        self.watermark: bytes | None = None
+
+
+# Rows converted per chunk when a restart loads a checkpoint (as SQLite's fetchmany).
+_CHUNK = 10_000
+# Bytes per fetch while reading the topic: large enough that a million records
+# take tens of round trips, not thousands.
+_FETCH_BYTES = 32 * 1_048_576
+
+
+class KafkaCheckpointStore:
+    def __init__(
+        self,
+        options: dict[str, Any],
+        topic: str = "k8s-bridge-checkpoints",
+        *,
+        replication_factor: int | None = None,
+        timeout: float = 30.0,
+        writer: RecordWriter | None = None,
+    ) -> None:
+        self.topic = topic
+        self.replication_factor = replication_factor
+        self.timeout = timeout
+        self._options = options
+        self._own_writer = ProducerWriter(topic, options, timeout) if writer is None else None
+        self._writer: RecordWriter = writer or self._own_writer  # type: ignore[assignment]
+        self._open = False
+        self._rows: dict[bytes, _Rows] = {}
+        # Resources committed to since the topic was read: their held rows are stale.
+        self._stale: set[bytes] = set()
+        # Resources whose rows were handed over (and freed): a second load reads again.
+        self._taken: set[bytes] = set()
+        self._ids: set[str] = set()
+        # One commit at a time, in call order (the lock is first come, first served).
+        self._writes = asyncio.Lock()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, writer: RecordWriter | None = None
+    ) -> KafkaCheckpointStore:
+        if settings.sink.kind != "kafka":
+            raise ConfigError(
+                f"config error: checkpoint.kind: kafka keeps the checkpoint in the sink's Kafka"
+                f" cluster, but sink.kind is {settings.sink.kind!r}; use sqlite or nats-kv"
+            )
+        k = settings.checkpoint.kafka
+        return cls(
+            connection_options(settings.sink.kafka),
+            k.topic,
+            replication_factor=k.replication_factor,
+            timeout=k.timeout,
+            writer=writer,
+        )
+
+    @property
+    def where(self) -> str:
+        return f"checkpoint topic {self.topic!r} at {','.join(self._options['bootstrap_servers'])}"
+
+    async def open(self) -> None:
+        if self._open:
+            return
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._ensure_topic()
+            self._rows = await self._read(None)
+        except _UNREACHABLE as exc:
+            raise CheckpointError(f"{self.where}: cannot open: {exc!r}") from exc
+        self._ids = {rid.decode() for rid in self._rows}
+        self._stale.clear()
+        self._taken.clear()
+        self._open = True
+
+    async def _ensure_topic(self) -> None:
+        admin = AIOKafkaAdminClient(**self._options, request_timeout_ms=int(self.timeout * 1000))
+        await admin.start()
+        try:
+            # list_topics, not a metadata request naming the topic: a broker with
+            # auto.create.topics.enable would create it, uncompacted.
+            if self.topic not in await admin.list_topics():
+                await self._create(admin)
+            await self._check(admin)
+        finally:
+            await admin.close()
+
+    async def _create(self, admin: AIOKafkaAdminClient) -> None:
+        replicas = self.replication_factor
+        if replicas is None:
+            brokers = (await admin.describe_cluster()).get("brokers") or []
+            replicas = max(1, min(3, len(brokers)))
+        response = await admin.create_topics(
+            [NewTopic(self.topic, 1, replicas, topic_configs={"cleanup.policy": "compact"})]
+        )
+        for error in response.topic_errors:
+            code = error[1]
+            if code and code != kerrors.TopicAlreadyExistsError.errno:
+                message = error[2] if len(error) > 2 else ""
+                raise CheckpointError(
+                    f"{self.where}: cannot create the topic: {kerrors.for_code(code).__name__}"
+                    f"{': ' + message if message else ''} (checkpoint.kafka.replicationFactor"
+                    f" {replicas})"
+                )
+
+    async def _check(self, admin: AIOKafkaAdminClient) -> None:
+        [response] = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, self.topic, {"cleanup.policy": None})]
+        )
+        policy = ""
+        for resource in response.resources:
+            if resource[0]:
+                raise kerrors.for_code(resource[0])(resource[1])
+            for entry in resource[4]:
+                if entry[0] == "cleanup.policy":
+                    policy = entry[1] or ""
+        if policy.replace(" ", "") != "compact":
+            raise CheckpointError(
+                f"{self.where}: the topic has cleanup.policy={policy or '?'}; a checkpoint"
+                " topic must be compact only (delete would drop digests of objects that never"
+                " changed): set cleanup.policy=compact on it or name another topic in"
+                " checkpoint.kafka.topic"
+            )
+        [described] = await admin.describe_topics([self.topic])
+        partitions = len(described.get("partitions") or ())
+        if partitions != 1:
+            raise CheckpointError(
+                f"{self.where}: the topic has {partitions} partitions; a checkpoint topic has"
+                " one (its watermarks must follow their digests in one log): name another"
+                " topic in checkpoint.kafka.topic"
+            )
+
+    async def _read(self, only: bytes | None) -> dict[bytes, _Rows]:
+        """The topic up to its last stable offset: each resource's last record per key
+        (or only the resource ``only``)."""
+        consumer = AIOKafkaConsumer(
+            **self._options,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            fetch_max_bytes=_FETCH_BYTES,
+            max_partition_fetch_bytes=_FETCH_BYTES,
+            request_timeout_ms=int(self.timeout * 1000),
+        )
+        tp = TopicPartition(self.topic, PARTITION)
+        rows: dict[bytes, _Rows] = {}
+        try:
+            async with asyncio.timeout(self.timeout):
+                await consumer.start()
+                consumer.assign([tp])
+                await consumer.seek_to_beginning(tp)
+                end = (await consumer.end_offsets([tp]))[tp]
+            while await consumer.position(tp) < end:
+                async with asyncio.timeout(self.timeout):
+                    batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1_000_000)
+                for records in batches.values():
+                    _apply(rows, records, only)
+        finally:
+            await consumer.stop()
+        return rows
+
+    async def _take(self, resource_id: str) -> _Rows | None:
+        """The rows of ``resource_id``, handed over once: held since ``open``, or read
+        again if committed to since then or taken before."""
+        rid = resource_id.encode()
+        rows = self._rows.pop(rid, None)
+        if rows is None:
+            if rid not in self._stale and rid not in self._taken:
+                return None  # not in the topic when it was read, and no commit since
+            # Fresh before the read: a commit made while it runs makes it stale again.
+            self._stale.discard(rid)
+            try:
+                rows = (await self._read(rid)).get(rid)
+            except _UNREACHABLE as exc:
+                self._stale.add(rid)
+                raise CheckpointError(f"{self.where}: cannot load {resource_id}: {exc!r}") from exc
+        self._taken.add(rid)
+        if rows is None or (rows.watermark is None and not rows.digests):
+            return None
+        return rows
+
+    async def load(self, resource_id: str) -> Checkpoint | None:
+        self._require_open()
+        rows = await self._take(resource_id)
+        if rows is None:
+            return None
+        digests: dict[str, Digest] = {}
+        for k, v in rows.digests.items():
+            key = k.decode()
+            digests[key] = Digest(key, *orjson.loads(v))
+        return Checkpoint(_watermark(rows.watermark), digests)
+
+    async def load_bulk(
+        self, resource_id: str, convert: RowConverter[R]
+    ) -> BulkCheckpoint[R] | None:
+        self._require_open()
+        rows = await self._take(resource_id)
+        if rows is None:
+            return None
+        plain: list[R] = []
+        others: list[Digest] = []
+        digests = rows.digests
+        loads = orjson.loads
+        # A chunk at a time, popped as converted: the rows' bytes are freed (and their
+        # memory reused) as the cache records are made, not after all of them.
+        while digests:
+            chunk: list[PlainRow] = []
+            for _ in range(min(_CHUNK, len(digests))):
+                k, v = digests.popitem()
+                uid, rv, fp, state, prior = loads(v)
+                if state or prior:
+                    others.append(Digest(k.decode(), uid, rv, fp, state, prior))
+                else:
+                    chunk.append((k.decode(), uid, rv, fp))
+            plain.extend(convert(chunk))
+            await asyncio.sleep(0)
+        return BulkCheckpoint(_watermark(rows.watermark), plain, others)
+
+    async def resource_ids(self) -> list[str]:
+        """Every resource id with a checkpoint in the topic (read at open, or committed since)."""
+        self._require_open()
+        return sorted(self._ids)
+
+    async def commit(
+        self,
+        resource_id: str,
+        resource_version: str | None,
+        upserts: Iterable[Digest],
+        deletes: Iterable[str],
+    ) -> None:
+        self._require_open()
+        # Encoded before any await and queued on the lock in call order: records land
+        # in the order the calls came.
+        records = commit_records(resource_id, resource_version, upserts, deletes)
+        if not records:
+            return
+        async with self._writes:
+            rid = resource_id.encode()
+            # Stale from now on even if the write fails: part of it may have landed.
+            self._stale.add(rid)
+            self._rows.pop(rid, None)
+            self._ids.add(resource_id)
+            await self._writer.write(resource_id, records)
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise CheckpointError(f"{self.where}: store is not open")
+
+    async def close(self) -> None:
+        self._open = False
+        self._rows = {}
+        if self._own_writer is not None:
+            await self._own_writer.close()
+
+
+def _apply(rows: dict[bytes, _Rows], records: Iterable[Any], only: bytes | None) -> None:
+    """Fold fetched records into ``rows``: the last record of a key wins, a tombstone
+    removes it. The loop a restart spends its read in: nothing decoded here."""
+    for r in records:
+        key: bytes = r.key
+        if key[:2] == _DIGEST:
+            end = key.index(0, 2)
+            rid = key[2:end]
+            if only is not None and rid != only:
+                continue
+            slot = rows.get(rid)
+            if slot is None:
+                slot = rows[rid] = _Rows()
+            if r.value is None:
+                slot.digests.pop(key[end + 1 :], None)
+            else:
+                slot.digests[key[end + 1 :]] = r.value
+        elif key[:2] == _WATERMARK:
+            rid = key[2:]
+            if only is not None and rid != only:
+                continue
+            slot = rows.get(rid)
+            if slot is None:
+                slot = rows[rid] = _Rows()
+            slot.watermark = r.value
+
+
+def _watermark(value: bytes | None) -> str:
+    if not value:
+        return ""
+    decoded = orjson.loads(value)
+    return decoded if isinstance(decoded, str) else ""
