@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -30,12 +31,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench._support import BENCHMARKS_MD, cpu_model, tune_as_run, update_benchmarks_md
 
 if TYPE_CHECKING:
+    from bridge.checkpoints.base import CheckpointStore
     from bridge.kube.objects import WatchEvent
 
 RESOURCE_ID = "v1/pods"
@@ -66,30 +69,41 @@ def _pod(i: int, rv: int) -> dict[str, Any]:
     }
 
 
-async def _build(path: Path, objects: int) -> None:
-    from bridge.checkpoints.sqlite import SqliteCheckpointStore
+async def _build(store: CheckpointStore, objects: int) -> None:
+    """The checkpoint of the first ``objects`` objects, and the watermark."""
     from bridge.delivery.changes import Digest, Fingerprinter
     from bridge.kube.objects import namespace_key
 
     fp = Fingerprinter()
-    store = SqliteCheckpointStore(path)
     await store.open()
     chunk = 50_000
-    for start in range(0, objects, chunk):
+    for first in range(0, objects, chunk):
         digests = []
-        for i in range(start, min(objects, start + chunk)):
+        for i in range(first, min(objects, first + chunk)):
             obj = _pod(i, 1_000_000 + i)
             m = obj["metadata"]
             digests.append(
                 Digest(namespace_key(obj), m["uid"], m["resourceVersion"], fp.fingerprint(obj))
             )
-        last = start + chunk >= objects
+        last = first + chunk >= objects
         await store.commit(RESOURCE_ID, str(WATERMARK) if last else None, digests, ())
     await store.close()
 
 
-async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
+def _store(spec: str) -> CheckpointStore:
+    """``sqlite:<path>`` or ``kafka:<bootstrap>/<topic>``."""
+    kind, _, where = spec.partition(":")
+    if kind == "kafka":
+        from bridge.checkpoints.kafka import KafkaCheckpointStore
+
+        bootstrap, _, topic = where.partition("/")
+        return KafkaCheckpointStore({"bootstrap_servers": [bootstrap]}, topic)
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
+
+    return SqliteCheckpointStore(where)
+
+
+async def _round(spec: str, replay: int, settle: float) -> dict[str, float]:
     from bridge.delivery.changes import ChangeDetector, Fingerprinter
     from bridge.delivery.events import EventBuilder
     from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
@@ -110,8 +124,8 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
     await sink.start()
     rss0 = _rss()
 
-    t0 = time.perf_counter()
-    store = SqliteCheckpointStore(path)
+    t0, c0 = time.perf_counter(), time.process_time()
+    store = _store(spec)
     await store.open()
     pipeline = ResourcePipeline(
         resource_id=RESOURCE_ID,
@@ -123,7 +137,7 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
         settings=PipelineSettings(),
     )
     await pipeline.load()
-    loaded = time.perf_counter() - t0
+    loaded, loaded_cpu = time.perf_counter() - t0, time.process_time() - c0
     task = asyncio.create_task(pipeline.run())
     informer = pipeline.informer
     assert informer is not None
@@ -134,7 +148,7 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
         and informer.fifo.is_idle()
     ):
         await asyncio.sleep(0.001)
-    ready = time.perf_counter() - t0
+    ready, ready_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss_ready = _rss() - rss0
     await asyncio.sleep(settle)
     task.cancel()
@@ -144,10 +158,45 @@ async def _round(path: Path, replay: int, settle: float) -> dict[str, float]:
         "objects": len(informer.store),
         "load_s": loaded,
         "ready_s": ready,
+        "load_cpu_s": loaded_cpu,
+        "ready_cpu_s": ready_cpu,
         "published": len(sink.events),
         "suppressed": pipeline.stats.suppressed,
         "rss_mib": rss_ready / 2**20,
     }
+
+
+def _child(spec: str, args: argparse.Namespace) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "bench", "restart", "--child", spec),
+            *("--replay", str(args.replay), "--settle", str(args.settle)),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+@contextlib.contextmanager
+def _kafka(stores: list[str]) -> Iterator[str | None]:
+    """A broker of the benchmark's own (the test tier's Apache Kafka) if asked for."""
+    if "kafka" not in stores:
+        yield None
+        return
+    from tests.fixtures.realkafka import KafkaBroker
+
+    workdir = Path(tempfile.mkdtemp(prefix="k8s-bridge-bench-kafka-"))
+    broker = KafkaBroker(workdir)
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
@@ -156,62 +205,98 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replay", type=int, default=1000)
     p.add_argument("--settle", type=float, default=2.0)
+    p.add_argument(
+        "--stores",
+        nargs="+",
+        choices=["sqlite", "kafka"],
+        default=["sqlite"],
+        help="checkpoint stores, each round in turn; kafka starts a broker (make realdeps)"
+        " and prints its time to ready against SQLite's of the same round",
+    )
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "k8s-bridge-bench"))
     p.add_argument("--label", default="", help="a name for this code in the printed rows")
     p.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    p.add_argument("--child", metavar="DB", help=argparse.SUPPRESS)
+    p.add_argument("--child", metavar="STORE", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         tune_as_run()
-        result = asyncio.run(_round(Path(args.child), args.replay, args.settle))
+        result = asyncio.run(_round(args.child, args.replay, args.settle))
         print(json.dumps(result))
         return 0
 
     os.makedirs(args.dir, exist_ok=True)
-    rows: list[tuple[int, list[dict[str, float]]]] = []
+    stores = ["sqlite", *(s for s in args.stores if s != "sqlite")]
+    rows: list[tuple[int, dict[str, list[dict[str, float]]]]] = []
     status = 0
-    for n in args.objects:
-        source = Path(args.dir) / f"restart-{n}.db"
-        if not source.exists():
-            print(f"writing a checkpoint of {n:,} objects to {source} ...", flush=True)
-            asyncio.run(_build(source, n))
-        results = []
-        for _ in range(args.rounds):
-            work = Path(args.dir) / f"restart-{n}-round.db"
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{work}{suffix}").unlink(missing_ok=True)
-            shutil.copyfile(source, work)
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    *("-m", "bench", "restart", "--child", str(work)),
-                    *("--replay", str(args.replay), "--settle", str(args.settle)),
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            r = json.loads(out.strip().splitlines()[-1])
-            results.append(r)
-            status |= r["published"] != 0 or r["objects"] != n
-            print(
-                f"{args.label}{n:>9,} objects: checkpoint loaded in {r['load_s']:.2f} s,"
-                f" ready in {r['ready_s']:.2f} s, {r['published']} events published"
-                f" ({r['suppressed']} echoes suppressed), RSS +{r['rss_mib']:.0f} MiB",
-                flush=True,
-            )
-        rows.append((n, results))
+    with _kafka(stores) as bootstrap:
+        for n in args.objects:
+            source = Path(args.dir) / f"restart-{n}.db"
+            if not source.exists():
+                print(f"writing a checkpoint of {n:,} objects to {source} ...", flush=True)
+                asyncio.run(_build(_store(f"sqlite:{source}"), n))
+            if bootstrap is not None:
+                print(f"writing a checkpoint of {n:,} objects to Kafka ...", flush=True)
+                asyncio.run(_build(_store(f"kafka:{bootstrap}/restart-{n}"), n))
+            results: dict[str, list[dict[str, float]]] = {s: [] for s in stores}
+            for _ in range(args.rounds):
+                for kind in stores:
+                    if kind == "sqlite":
+                        work = Path(args.dir) / f"restart-{n}-round.db"
+                        for suffix in ("", "-wal", "-shm"):
+                            Path(f"{work}{suffix}").unlink(missing_ok=True)
+                        shutil.copyfile(source, work)
+                        r = _child(f"sqlite:{work}", args)
+                    else:
+                        spec = f"kafka:{bootstrap}/restart-{n}"
+                        r = _child(spec, args)
+                        # The round committed the replayed echoes and a newer watermark
+                        # into the topic: the next one starts where this one did.
+                        asyncio.run(_build(_store(spec), args.replay))
+                    results[kind].append(r)
+                    status |= r["published"] != 0 or r["objects"] != n
+                    ratio = ""
+                    if kind != "sqlite":
+                        ratio = (
+                            f" ({r['ready_s'] / results['sqlite'][-1]['ready_s']:.2f}x SQLite's)"
+                        )
+                    print(
+                        f"{args.label}{n:>9,} objects, {kind:>6}: checkpoint loaded in"
+                        f" {r['load_s']:.2f} s, ready in {r['ready_s']:.2f} s{ratio}"
+                        f" ({r['ready_cpu_s']:.2f} s CPU), {r['published']} events published"
+                        f" ({r['suppressed']} echoes suppressed), RSS +{r['rss_mib']:.0f} MiB",
+                        flush=True,
+                    )
+            rows.append((n, results))
     if args.write:
+        _write(args, stores, rows)
+    return int(status)
+
+
+def _write(
+    args: argparse.Namespace,
+    stores: list[str],
+    rows: list[tuple[int, dict[str, list[dict[str, float]]]]],
+) -> None:
+    command = (
+        f"`python -m bench restart --objects {' '.join(map(str, args.objects))}"
+        f" --rounds {args.rounds}{' --stores ' + ' '.join(stores) if len(stores) > 1 else ''}"
+        " --write` — "
+    )
+    footer = (
+        f"Best of {args.rounds} round(s), each a fresh process with {args.replay:,} replayed"
+        f" echoes. Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
+        f" Python {platform.python_version()}."
+    )
+    if len(stores) == 1:
         lines = [
-            f"`python -m bench restart --objects {' '.join(map(str, args.objects))}"
-            f" --rounds {args.rounds} --write` — "
-            + " ".join((__doc__ or "").split("\n\n")[1].split()),
+            command + " ".join((__doc__ or "").split("\n\n")[1].split()),
             "",
             "| objects in the checkpoint | checkpoint loaded (s) | ready (s) | events published"
             " | RSS at ready above the start |",
             "| ---: | ---: | ---: | ---: | ---: |",
         ]
-        for n, results in rows:
+        for n, by_store in rows:
+            results = by_store["sqlite"]
             best = min(results, key=lambda r: r["ready_s"])
             worst = max(results, key=lambda r: r["ready_s"])
             lines.append(
@@ -219,11 +304,32 @@ def main(argv: list[str]) -> int:
                 f" (worst {worst['ready_s']:.2f}) | {max(r['published'] for r in results):.0f}"
                 f" | {min(r['rss_mib'] for r in results):,.0f} MiB |"
             )
-        lines += [
-            "",
-            f"Best of {args.rounds} round(s), each a fresh process with"
-            f" {args.replay:,} replayed echoes. Measured {time.strftime('%Y-%m-%d')} on {cpu_model()}, 2 cores,"
-            f" Python {platform.python_version()}.",
-        ]
-        update_benchmarks_md(BENCHMARKS_MD, "Restart", "\n".join(lines))
-    return int(status)
+        update_benchmarks_md(BENCHMARKS_MD, "Restart", "\n".join([*lines, "", footer]))
+        return
+    lines = [
+        command + "The same restart (see Restart) from a checkpoint in a compacted Kafka"
+        " topic (``checkpoint.kind: kafka``, written beforehand by the store's ``commit`` to"
+        " a local Apache Kafka 4 broker), and from SQLite in the same rounds, in turn: SQLite"
+        " is the reference. *ready*: the whole topic read to its end, the rows converted"
+        " into the informer's cache, the replayed echoes processed.",
+        "",
+        "| objects | store | checkpoint loaded (s) | ready (s) | CPU to ready (s) | ready against"
+        " SQLite's | events published | RSS at ready above the start |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n, by_store in rows:
+        reference = min(r["ready_s"] for r in by_store["sqlite"])
+        for kind in stores:
+            results = by_store[kind]
+            best = min(results, key=lambda r: r["ready_s"])
+            worst = max(results, key=lambda r: r["ready_s"])
+            lines.append(
+                f"| {n:,} | {kind} | {best['load_s']:.2f} | {best['ready_s']:.2f}"
+                f" (worst {worst['ready_s']:.2f}) | {best['ready_cpu_s']:.2f}"
+                f" | {best['ready_s'] / reference:.2f}x"
+                f" | {max(r['published'] for r in results):.0f}"
+                f" | {min(r['rss_mib'] for r in results):,.0f} MiB |"
+            )
+    update_benchmarks_md(
+        BENCHMARKS_MD, "Restart from a Kafka checkpoint", "\n".join([*lines, "", footer])
+    )
