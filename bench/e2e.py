@@ -183,13 +183,16 @@ async def run_e2e(
     tuning: Tuning | None = None,
     whole: bool = False,
     list_only: bool = False,
+    sync_write_ahead: bool = True,
 ) -> tuple[Timing, Timing | None, int]:
     """Seconds for the initial list and for the burst (None: ``list_only``), each to the
     last ack and to the checkpoint; the RV the burst started after."""
     n = len(pods)
     client = await KubeClient.from_kubeconfig(str(kubeconfig))
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
-        store = SqliteCheckpointStore(Path(tmp) / "checkpoints.db")
+        store = SqliteCheckpointStore(
+            Path(tmp) / "checkpoints.db", sync_write_ahead=sync_write_ahead
+        )
         await store.open()
         await sink.start()
         task: asyncio.Task[None] | None = None
@@ -461,6 +464,7 @@ async def bench_bus(
         args.timeout,
         args.tuning,
         args.whole_objects,
+        sync_write_ahead=args.sync_write_ahead == "on",
     )
     assert burst is not None
     # A fresh pipeline, checkpoint and connection, its first list one LIST.
@@ -475,6 +479,7 @@ async def bench_bus(
         args.timeout,
         whole=args.whole_objects,
         list_only=True,
+        sync_write_ahead=args.sync_write_ahead == "on",
     )
     if profiler is not None:
         profiler.disable()
@@ -725,6 +730,12 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="parse every object whole (what a filter reading whole objects, or patch, makes "
         "the bridge do) instead of only the keys the resource reads",
+    )
+    parser.add_argument(
+        "--sync-write-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="the SQLite checkpoint's checkpoint.syncWriteAhead (on: as run by default)",
     )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--output", default=str(BENCHMARKS_MD))

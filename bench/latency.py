@@ -238,7 +238,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
             "cluster": {"kubeconfig": str(kubeconfig), "name": "bench"},
             "resources": [{"apiVersion": "v1", "kind": "Pod"}],
             "sink": {"kind": "nats", "nats": {"servers": [nats_url]}},
-            "checkpoint": {"kind": "sqlite", "path": str(tmp / "state.db")},
+            "checkpoint": {
+                "kind": "sqlite",
+                "path": str(tmp / "state.db"),
+                "syncWriteAhead": args.sync_write_ahead == "on",
+            },
             "server": {"host": "127.0.0.1", "port": health},
             "logging": {"format": "json", "level": "warning"},
         }
@@ -328,6 +332,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="changes per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds first")
+    parser.add_argument(
+        "--sync-write-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="the bridge's checkpoint.syncWriteAhead (on: the default)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="k8s-bridge-latency-") as tmp:

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import platform
 import subprocess
 import sys
@@ -60,6 +61,10 @@ class DelayedAckSink:
         pass
 
 
+# The parent's --sync-write-ahead, handed to each child (checkpoint.syncWriteAhead).
+SYNC_ENV = "BENCH_SYNC_WRITE_AHEAD"
+
+
 def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None) -> None:
     import gc
     import logging
@@ -87,7 +92,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
         client = await KubeClient.from_kubeconfig(kubeconfig)
         sink = DelayedAckSink(delay)
         with tempfile.TemporaryDirectory(prefix="bench-slowbus-") as tmp:
-            store = SqliteCheckpointStore(Path(tmp) / "checkpoints.db")
+            store = SqliteCheckpointStore(
+                Path(tmp) / "checkpoints.db",
+                sync_write_ahead=os.environ.get(SYNC_ENV, "on") == "on",
+            )
             await store.open()
             reflector = ReflectorSettings(watch_list="off" if mode == "list" else "on")
             if pace is not None:
@@ -163,6 +171,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--delay", type=float, default=0.1, help="seconds per batch on the slow bus")
     p.add_argument("--modes", nargs="+", choices=sorted(MODE_NAMES), default=["list", "stream"])
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--sync-write-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="the SQLite checkpoint's checkpoint.syncWriteAhead (on: as run by default)",
+    )
     p.add_argument("--no-write", action="store_true")
     p.add_argument(
         "--list-pace",
@@ -176,6 +190,7 @@ def main(argv: list[str]) -> int:
         kubeconfig, mode, n, delay, pace = args.child
         _child(kubeconfig, mode, int(n), float(delay), float(pace) if pace else None)
         return 0
+    os.environ[SYNC_ENV] = args.sync_write_ahead
 
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Queue()

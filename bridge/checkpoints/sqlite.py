@@ -76,9 +76,14 @@ _CHUNK = 10_000
 
 
 class SqliteCheckpointStore:
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, sync_write_ahead: bool = True
+    ) -> None:
         self.path = str(path)
         self.read_only = read_only
+        # Whether writes that leave the watermark as it is (the write-ahead rows) reach
+        # the disk before they return: see ``commit``.
+        self.sync_write_ahead = sync_write_ahead
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         # The last call handed to a worker thread (see ``_settled``).
@@ -146,8 +151,10 @@ class SqliteCheckpointStore:
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
-                # NORMAL in WAL mode is durable across process crashes; only a power
-                # loss can drop the last commits, which then replay as redeliveries.
+                # NORMAL in WAL mode is durable across process crashes; an OS crash or
+                # a power loss can drop the last commits. Of a watermark commit that is
+                # harmless (its events replay as redeliveries); the write-ahead rows
+                # are synced one by one instead (``commit``).
                 conn.execute("PRAGMA synchronous=NORMAL")
                 # The page cache is per connection and lives as long as it does; the
                 # table is written in batches of rows, whose pages the OS caches
@@ -257,7 +264,24 @@ class SqliteCheckpointStore:
         down = list(deletes)
         down_json = orjson.dumps(down) if down else None
 
+        # A write-ahead row lost to a power loss is an object the bus has but the
+        # checkpoint does not know: deleted while the bridge is down, its delete would
+        # never be published. FULL syncs the WAL at this commit (one fsync per batch),
+        # and with it every earlier commit still in the WAL. A commit that moves the
+        # watermark may stay unsynced: losing it only replays acknowledged events.
+        durable = self.sync_write_ahead and resource_version is None
+
         def _commit(conn: sqlite3.Connection) -> None:
+            if not durable:
+                _write(conn)
+                return
+            conn.execute("PRAGMA synchronous=FULL")
+            try:
+                _write(conn)
+            finally:
+                conn.execute("PRAGMA synchronous=NORMAL")
+
+        def _write(conn: sqlite3.Connection) -> None:
             if len(up_json) == 1 and down_json is None and resource_version is None:
                 # A write-ahead batch: one statement is its own transaction, one step.
                 conn.execute(_UPSERT_ROWS, (resource_id, up_json[0]))

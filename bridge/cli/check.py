@@ -84,6 +84,10 @@ class _Report:
     def ok(self, what: str, detail: str) -> None:
         self.out.write(f"ok    {what}: {detail}\n")
 
+    def warn(self, what: str, detail: str) -> None:
+        # Something run can live with but a guarantee cannot: said, never an exit 1.
+        self.out.write(f"WARN  {what}: {detail}\n")
+
     def fail(self, what: str, detail: str) -> None:
         self.failed += 1
         self.out.write(f"FAIL  {what}: {detail}\n")
@@ -152,8 +156,10 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
             await _check_control_reviews(client, report)
     finally:
         await client.close()
-    await _check_sink(settings, report, timeout)
+    if await _check_sink(settings, report, timeout):
+        await _check_bus_durability(settings, report, timeout)
     await _check_checkpoints(settings, report)
+    _check_ha_checkpoint(settings, report)
     return 1 if report.failed else 0
 
 
@@ -288,7 +294,8 @@ def _check_heartbeat(
             )
 
 
-async def _check_sink(settings: Settings, report: _Report, timeout: float) -> None:
+async def _check_sink(settings: Settings, report: _Report, timeout: float) -> bool:
+    """Whether the bus answers (the durability check asks it more)."""
     from bridge.service.wiring import build_sink
 
     sink = build_sink(settings)
@@ -300,7 +307,7 @@ async def _check_sink(settings: Settings, report: _Report, timeout: float) -> No
             reachable = await sink.ping()
     except (BridgeError, TimeoutError) as e:
         report.fail(what, str(e) or "timed out")
-        return
+        return False
     finally:
         try:
             await sink.close()
@@ -310,6 +317,41 @@ async def _check_sink(settings: Settings, report: _Report, timeout: float) -> No
         report.ok(what, "reachable")
     else:
         report.fail(what, "not reachable")
+    return reachable
+
+
+async def _check_bus_durability(settings: Settings, report: _Report, timeout: float) -> None:
+    """One warning per bus setting below what the guarantees need (bridge/cli/durability.py)."""
+    from bridge.cli import durability
+
+    kind = settings.sink.kind
+    found: durability.Durability | None
+    try:
+        if kind == "nats":
+            found = await durability.nats_stream(settings.sink.nats, timeout)
+        elif kind == "kafka":
+            found = await durability.kafka_topic(settings.sink.kafka, timeout)
+        else:
+            return
+    except Exception as e:  # an admin API refused or absent: say so, run may still work
+        report.warn(f"sink {kind} durability", f"cannot read it: {e!r}")
+        return
+    if found is None:
+        return
+    for problem in found.problems:
+        report.warn(found.what, problem)
+    if not found.problems:
+        report.ok(found.what, found.seen)
+
+
+def _check_ha_checkpoint(settings: Settings, report: _Report) -> None:
+    if settings.leader_election.enabled and settings.checkpoint.kind == "sqlite":
+        report.warn(
+            "checkpoint sqlite with leader election",
+            "works only for replicas on one host sharing the file; across hosts each "
+            "has its own (a volume per pod, or ReadWriteOnce) and a new leader resumes "
+            "from a stale checkpoint: use checkpoint.kind nats-kv or kafka",
+        )
 
 
 def sqlite_holder(path: str) -> str | None:

@@ -29,7 +29,7 @@ from typing import TextIO
 from bridge.checkpoints.base import Checkpoint, CheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.cli.stored import AckedCounter, JetStreamCounter, StoredCounter
-from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, object_from_digest
+from bridge.delivery.changes import GONE, Change, ChangeDetector, ChangeKind, object_from_digest
 from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error
@@ -363,7 +363,8 @@ async def _replay_diff(
     err: TextIO,
 ) -> None:
     checkpoint = await _load_checkpoint(settings, rid, err)
-    digests = dict(checkpoint.digests) if checkpoint else {}
+    # A GONE row is an object whose delete is already on the bus.
+    digests = {k: d for k, d in checkpoint.digests.items() if d.state != GONE} if checkpoint else {}
     if only_namespace:
         digests = {k: d for k, d in digests.items() if k.startswith(f"{only_namespace}/")}
     items, _ = await _list_all(lw, ListOptions(limit=500))

@@ -223,6 +223,11 @@ class Fingerprinter:
 CERTAIN = ""  # the event for this state was acknowledged by the bus
 UNCERTAIN = "u"  # an event for this state may have reached the bus; not acknowledged
 DELETING = "d"  # a delete of this uid may have reached the bus; not acknowledged
+# The delete of this uid reached the bus, in the transaction that wrote this row
+# (sink.kafka.exactlyOnce), at this resourceVersion; the watermark may still be
+# before it. A row of its own, not a tombstone: a watch resumed from an older
+# watermark would replay the object and publish it again.
+GONE = "g"
 
 
 # Digest and Change are made for every event: not frozen (a frozen dataclass's

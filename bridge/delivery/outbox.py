@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
+from bridge.delivery.changes import DELETING, GONE, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 
 
@@ -79,6 +79,36 @@ class Batch:
     @property
     def events(self) -> list[Event]:
         return [e.event for e in self.entries]
+
+    def settled_rows(self, refused: Collection[int] = ()) -> tuple[list[Digest], list[str]]:
+        """The write-ahead rows as they stand once the batch is on the bus: (upserts,
+        deletes), for a store written in one transaction with the batch itself.
+
+        A key's state after its last event is then certain, a deleted key is
+        ``GONE`` at its delete's resourceVersion (until a commit behind the bus,
+        with a watermark past it, removes the row), and its earlier incarnations'
+        deletes are on the bus too (batches commit in order). A restart's unresolved state stays as written ahead. A key whose
+        last event the bus refused (``refused``: indices into ``entries``) keeps
+        the row it had: the poison policy decides what becomes of it.
+        """
+        final: dict[str, tuple[int, Entry]] = {}
+        for i, e in enumerate(self.entries):
+            if not e.announcement:
+                final[e.key] = (i, e)
+        upserts: list[Digest] = []
+        deletes: list[str] = []
+        for row in self.ahead:
+            i, e = final[row.key]
+            if i in refused:
+                continue
+            d = e.digest
+            if d is not None and row.state == UNCERTAIN and row.uid == d.uid:
+                upserts.append(Digest(row.key, d.uid, d.resource_version, d.fingerprint))
+            elif d is None and row.state == DELETING and row.uid == e.uid:
+                upserts.append(Digest(row.key, row.uid, row.resource_version, "", GONE))
+            else:
+                upserts.append(row)
+        return upserts, deletes
 
 
 class CommitStep(NamedTuple):
@@ -127,11 +157,26 @@ class Commit:
 
     def steps(self, size: int) -> Iterator[CommitStep]:
         """At most ``size`` keys per step, each step's rows read when it is reached;
-        the last carries the watermark (a commit of no keys is that step alone)."""
+        the last carries the watermark (a commit of no keys is that step alone).
+
+        Deletes wait for the last step: a row removed before the watermark passes
+        its delete would leave a watch resumed from the old watermark to replay
+        the object as new. Their rows are read again then (a key decided since
+        has its write-ahead row, which stays).
+        """
         keys, n = self.keys, len(self.keys)
+        held: list[str] = []
         for start in range(0, n, size):
             upserts, deletes = self._rows_of(keys[start : start + size])
-            yield CommitStep(self.watermark if start + size >= n else None, upserts, deletes)
+            if start + size < n:
+                held.extend(deletes)
+                yield CommitStep(None, upserts, [])
+                continue
+            if held:
+                again, gone = self._rows_of(held)
+                upserts.extend(again)
+                deletes = gone + deletes
+            yield CommitStep(self.watermark, upserts, deletes)
         if not n:
             yield CommitStep(self.watermark, [], [])
 

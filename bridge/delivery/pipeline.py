@@ -34,7 +34,7 @@ from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.delivery.handler import ChangeHandler
 from bridge.delivery.outbox import Outbox
-from bridge.delivery.publisher import Publisher
+from bridge.delivery.publisher import Publisher, TransactionalSend
 from bridge.delivery.resume import resume
 from bridge.delivery.settings import PipelineSettings, PoisonPolicy
 from bridge.delivery.stats import PipelineStats
@@ -69,6 +69,7 @@ class ResourcePipeline:
         clock: Callable[[], float] = time.monotonic,
         backoff: Callable[[], Backoff] | None = None,
         filter: Filter | None = None,
+        transactional: TransactionalSend | None = None,
     ) -> None:
         self.resource_id = resource_id
         self.label = label = label or resource_id
@@ -111,6 +112,7 @@ class ResourcePipeline:
             on_publish_latency=metrics.publish_latency.labels(sink=type(sink).__name__).observe
             if metrics is not None
             else None,
+            transactional=transactional,
         )
         self.handler = ChangeHandler(
             detector=detector,

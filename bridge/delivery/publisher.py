@@ -9,15 +9,21 @@ Two tasks:
 - the **sender** publishes batches in order, one at a time, retrying only
   while the bus is unavailable; events the bus refuses for good go through the
   poison policy and never block the events behind them.
+
+With a transactional bus (``sink.kafka.exactlyOnce``) nothing is written ahead:
+the sender publishes each batch together with its rows as they stand once it
+landed (``Batch.settled_rows``), in one transaction, so the checkpoint never
+holds a row its events did not land with, and never an uncertain one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from bridge.aiotasks import run_group
+from bridge.delivery.changes import Digest
 from bridge.delivery.events import Event
 from bridge.delivery.notify import Notifier
 from bridge.delivery.outbox import Batch, Outbox
@@ -30,6 +36,14 @@ from bridge.logging import get_logger
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
+
+# The checkpoint rows (upserts, deletes) that go with a batch, leaving out the keys
+# whose last event was refused (indices into the batch).
+SettledRows = Callable[[Collection[int]], tuple[list[Digest], list[str]]]
+
+# Publishes events together with their checkpoint rows, atomically; returns the
+# events refused for good, as ``Sink.publish`` does.
+TransactionalSend = Callable[[Sequence[Event], SettledRows], Awaitable[Mapping[int, str]]]
 
 
 class Publisher:
@@ -48,8 +62,10 @@ class Publisher:
         label: str,
         clock: Callable[[], float] = time.monotonic,
         on_publish_latency: Callable[[float], None] | None = None,
+        transactional: TransactionalSend | None = None,
     ) -> None:
         self._sink = sink
+        self._transactional = transactional
         self.outbox = outbox
         self.settings = settings
         self._stats = stats
@@ -109,7 +125,9 @@ class Publisher:
             batch = outbox.take(s.max_batch)
             if batch is None:
                 continue
-            if batch.ahead:  # only announcements have nothing to write ahead
+            if batch.ahead and self._transactional is None:
+                # Only announcements have nothing to write ahead; a transactional
+                # bus takes the rows with the batch instead.
                 await self._write_ahead(batch)
             await self._to_send.put(batch)
 
@@ -134,11 +152,24 @@ class Publisher:
                 self.last_change_at = self._clock()
             self.acknowledged.notify()
 
-    async def _send(self, events: list[Event]) -> dict[int, str]:
-        """Publish until the bus answers; only "bus unavailable" is retried."""
+    async def _send(self, events: list[Event], batch: Batch | None = None) -> dict[int, str]:
+        """Publish until the bus answers; only "bus unavailable" is retried. With a
+        transactional bus, ``batch``'s settled rows go in the same transaction."""
         started = time.perf_counter()
+        transactional = self._transactional
+        if transactional is not None:
+            rows: SettledRows = batch.settled_rows if batch is not None else _no_rows
+
+            def publish() -> Awaitable[Mapping[int, str]]:
+                assert transactional is not None
+                return transactional(events, rows)
+        else:
+
+            def publish() -> Awaitable[Mapping[int, str]]:
+                return self._sink.publish(events)
+
         refused = await retrying(
-            lambda: self._sink.publish(events),
+            publish,
             retry_on=SinkUnavailableError,
             what="publish",
             health=self._health,
@@ -154,7 +185,7 @@ class Publisher:
 
     async def _publish(self, batch: Batch) -> None:
         events = batch.events
-        refused = await self._send(events)
+        refused = await self._send(events, batch)
         stats = self._stats
         landed = [e for i, e in enumerate(events) if i not in refused] if refused else events
         stats.published += len(landed)
@@ -202,6 +233,10 @@ class Publisher:
                     f"{self._label}: the bus refused {event.subject} (event {event.id}) for good:"
                     f" {reason}; poisonPolicy is fail, so this resource stopped"
                 )
+
+
+def _no_rows(refused: Collection[int]) -> tuple[list[Digest], list[str]]:
+    return [], []
 
 
 def _change_of(event: Event) -> str:

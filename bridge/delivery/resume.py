@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.checkpoints.base import CheckpointStore, load_bulk
-from bridge.delivery.changes import CERTAIN, Change, ChangeKind, Digest, object_from_digest
+from bridge.delivery.changes import CERTAIN, GONE, Change, ChangeKind, Digest, object_from_digest
 from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.outbox import Outbox
 from bridge.kube.objects import CachedObject
@@ -43,6 +43,8 @@ class Resumption:
     uncertain: list[Digest] = field(default_factory=list)
     # Deletes written ahead without an ack: (key, uid, event), to publish again.
     deletes: list[tuple[str, str, Event]] = field(default_factory=list)
+    # Keys whose GONE row the first commit removes.
+    gone: list[str] = field(default_factory=list)
 
     @property
     def resumed(self) -> bool:
@@ -57,6 +59,8 @@ class Resumption:
         outbox.restore_uncertain(self.uncertain)
         for key, uid, event in self.deletes:
             outbox.decide(key, uid, event, None)
+        for key in self.gone:
+            outbox.touch(key)
         return outbox
 
 
@@ -78,7 +82,15 @@ async def resume(
     checkpoint.plain = []
     uncertain: list[Digest] = []
     deletes: list[tuple[str, str, Event]] = []
+    # Deletes on the bus, maybe after the watermark (exactly-once, see GONE).
+    gone_after: list[Digest] = []
+    gone_keys: list[str] = []
     for d in checkpoint.others:
+        if d.state == GONE:
+            gone_keys.append(d.key)
+            if start_at is not None and _after(d.resource_version, start_at):
+                gone_after.append(d)
+            continue
         for gone in filter(None, d.prior.split(",")):
             # An earlier object of this name whose delete was in flight: its
             # own events are older than this key's, so no replay brings it.
@@ -94,6 +106,10 @@ async def resume(
     if start_at is not None and not all(_after(d.resource_version, start_at) for d in uncertain):
         # A watch from the watermark would not bring news of every uncertain
         # key: relist the latest state instead.
+        start_at = None
+    if gone_after:
+        # A watch from the watermark would replay objects whose delete is already
+        # on the bus, as if new: a relist does not hold them.
         start_at = None
     if start_at is None:
         # A relist diffed against the digests reads the latest state (a
@@ -116,6 +132,7 @@ async def resume(
         watermark=checkpoint.resource_version,
         uncertain=uncertain,
         deletes=deletes,
+        gone=gone_keys,
     )
 
 

@@ -45,8 +45,9 @@ from bridge.kube.objects import RawObject
 from bridge.kube.rawjson import IncompleteJSON
 
 # Decodes one item's bytes; ValueError if they are not one, IncompleteJSON (or
-# orjson's "unexpected end of data") if they end inside it.
-ItemDecoder = Callable[[bytearray], RawObject]
+# orjson's "unexpected end of data") if they end inside it. None: a whole item
+# nobody wants (outside a shard, bridge/kube/shardfilter.py), left out.
+ItemDecoder = Callable[[bytearray], RawObject | None]
 
 __all__ = ["ListBody", "ListBodyError", "ListSplitter"]
 
@@ -359,7 +360,8 @@ class ListSplitter:
         except ValueError as e:
             self._pos = start
             raise self._bad(f"undecodable item: {e}") from None
-        out.append(obj)
+        if obj is not None:
+            out.append(obj)
         if end - start > self._largest:
             self._largest = end - start
         self._item_end = end
@@ -401,7 +403,8 @@ class ListSplitter:
                     p = find(pattern, p + 1)
                     continue
                 break  # overshot an item that ended earlier, or a malformed one
-            out.append(obj)
+            if obj is not None:
+                out.append(obj)
             if p + 1 - item > self._largest:
                 self._largest = p + 1 - item
             item = p + 2
@@ -525,6 +528,7 @@ class ListBody:
         self._api_version = api_version
         self._what = what
         self._metadata: dict[str, Any] | None = None
+        self._splitter: ListSplitter | None = None
         self._deadline: float | None = None
         self._ahead: _ReadAhead | None = None
 
@@ -551,6 +555,15 @@ class ListBody:
             raise RuntimeError("the list body has not been read to its end")
         return self._metadata
 
+    @property
+    def partial_metadata(self) -> dict[str, Any]:
+        """The list's metadata as far as read: the API server writes it before the
+        items, so it is whole from the first batch on; empty if not read yet."""
+        if self._metadata is not None:
+            return self._metadata
+        meta = self._splitter.envelope.get("metadata") if self._splitter is not None else None
+        return meta if isinstance(meta, dict) else {}
+
     def __aiter__(self) -> AsyncIterator[list[RawObject]]:
         return self._batches()
 
@@ -563,7 +576,7 @@ class ListBody:
         return items
 
     async def _batches(self) -> AsyncIterator[list[RawObject]]:
-        splitter = ListSplitter(self._decode)
+        splitter = self._splitter = ListSplitter(self._decode)
         try:
             async for chunk in self._source():
                 view = memoryview(chunk)

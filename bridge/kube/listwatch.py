@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar, cast
 
@@ -11,10 +11,12 @@ import orjson
 from bridge.errors import NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
-from bridge.kube.liststream import ListBody
+from bridge.kube.liststream import ItemDecoder, ListBody
 from bridge.kube.objects import ListResponse, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
+from bridge.kube.shardfilter import ShardedListBody, ShardFilter
+from bridge.kube.sharding import ShardRange
 
 T = TypeVar("T")
 
@@ -29,6 +31,16 @@ class ListWatch:
     ``decoder``: objects from ``list_stream`` and ``watch`` keep the top-level
     values nobody reads as the server's bytes (bridge/kube/rawjson.py); None
     parses them whole.
+
+    ``shard``: only the objects in this slice of the hash space (bridge/kube/sharding.py).
+    ``shardSelector`` goes with every LIST page, WATCH and streaming list. A LIST
+    page whose ``metadata.shardInfo.selector`` echoes it was filtered by the server
+    and is trusted; any other page is filtered here with the same hash. A watch
+    carries no echo (not even the initial-events-end bookmark of a streaming list),
+    so its objects are always checked (bridge/kube/shardfilter.py), which keeps the
+    result exact behind API servers that disagree (a rolling upgrade, the gate on
+    some and off others). Before a watch, a ListWatch that has not listed yet asks
+    with a one-object LIST whether the server applies the selector.
     """
 
     def __init__(
@@ -40,6 +52,7 @@ class ListWatch:
         label_selector: str = "",
         field_selector: str = "",
         decoder: ObjectDecoder | None = None,
+        shard: ShardRange | None = None,
     ) -> None:
         self.client = client
         self.decoder = decoder
@@ -47,11 +60,31 @@ class ListWatch:
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
+        self.shard = shard
         self.path = resource.path(namespace)
+        self._filter = (
+            ShardFilter(
+                shard, resource=f"{resource.api_version}/{resource.plural}", namespace=namespace
+            )
+            if shard is not None
+            else None
+        )
 
     def __repr__(self) -> str:
         scope = self.namespace or "*"
-        return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope})"
+        shard = f" shard {self.shard.label()}" if self.shard is not None else ""
+        return f"ListWatch({self.resource.api_version} {self.resource.plural} in {scope}{shard})"
+
+    @property
+    def shard_honoured(self) -> bool | None:
+        """Whether the API server applies ``shardSelector``: None until a LIST answer
+        (or an object outside the shard on a watch) says; always None without a shard."""
+        return self._filter.honoured if self._filter is not None else None
+
+    @property
+    def client_filtered(self) -> int:
+        """Objects dropped here because the server sent them although outside the shard."""
+        return self._filter.dropped if self._filter is not None else 0
 
     def _not_served(self, e: NotFoundError) -> NotFoundError:
         """A 404 for the collection itself: discovery served the resource when the
@@ -81,6 +114,8 @@ class ListWatch:
             params["labelSelector"] = self.label_selector
         if self.field_selector:
             params["fieldSelector"] = self.field_selector
+        if self.shard is not None:
+            params["shardSelector"] = self.shard.selector()
 
     def _list_params(self, options: ListOptions) -> dict[str, str | int | bool]:
         params: dict[str, str | int | bool] = {}
@@ -122,21 +157,27 @@ class ListWatch:
             if "kind" not in item:
                 item["kind"] = kind
                 item["apiVersion"] = api_version
+        if self._filter is not None and not self._filter.judge(result.get("metadata")):
+            result["items"] = self._filter.keep(result.get("items") or [])
         return cast(ListResponse, result)
 
     @asynccontextmanager
     async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
         params = self._list_params(options)
+        decode: ItemDecoder = self.decoder.object if self.decoder is not None else orjson.loads
+        f = self._filter
         async with self._opened(self.client.stream_body("GET", self.path, params)) as chunks:
+            if f is not None:
+                decode = f.item_decoder(decode, lambda: body.partial_metadata)
             body = ListBody(
                 chunks,
                 kind=self.resource.kind,
                 api_version=self.resource.api_version,
                 what=f"GET {self.path}",
-                decode=self.decoder.object if self.decoder is not None else orjson.loads,
+                decode=decode,
             )
             try:
-                yield body
+                yield body if f is None else ShardedListBody(body, f)
             finally:
                 # Its read-ahead task must let go of the body before the stream closes.
                 await body.aclose()
@@ -156,13 +197,41 @@ class ListWatch:
             params["sendInitialEvents"] = options.send_initial_events
         if options.resource_version_match:
             params["resourceVersionMatch"] = options.resource_version_match
-        stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
-            "GET",
-            self.path,
-            params,
-            decode=self.decoder.watch_event if self.decoder is not None else orjson.loads,
+        decode: Callable[[bytes], Any] = (
+            self.decoder.watch_event if self.decoder is not None else orjson.loads
         )
-        return self._opened(stream)
+        if self._filter is not None:
+            decode = self._filter.watch_decoder(decode)
+        stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
+            "GET", self.path, params, decode=decode
+        )
+        if self._filter is None:
+            return self._opened(stream)
+        return self._sharded_watch(stream, self._filter)
+
+    @asynccontextmanager
+    async def _sharded_watch(
+        self, stream: AbstractAsyncContextManager[AsyncIterator[Any]], f: ShardFilter
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        if f.honoured is None:
+            await self.probe_shard()
+        async with self._opened(stream) as events:
+            yield f.watch(events)
+
+    async def probe_shard(self) -> bool | None:
+        """``shard_honoured`` as one LIST of at most one object says (None without a
+        shard). A watch that cannot say (a resumed watch, a streaming list) asks this
+        first; ``check`` asks it too. Raises ``KubeError`` as that LIST would."""
+        if self._filter is None:
+            return None
+        params: dict[str, str | int | bool] = {"limit": 1}
+        self._selectors(params)
+        try:
+            result = await self.client.request_json("GET", self.path, params=params)
+        except NotFoundError as e:
+            raise self._not_served(e) from e
+        self._filter.judge(result.get("metadata"))
+        return self._filter.honoured
 
 
 def list_watches_for(
@@ -173,6 +242,7 @@ def list_watches_for(
     label_selector: str = "",
     field_selector: str = "",
     decoder: ObjectDecoder | None = None,
+    shard: ShardRange | None = None,
 ) -> list[ListWatch]:
     """One ListWatch per namespace; an empty list (or a cluster-scoped kind) means one for all."""
     if not namespaces or not resource.namespaced:
@@ -183,6 +253,7 @@ def list_watches_for(
                 label_selector=label_selector,
                 field_selector=field_selector,
                 decoder=decoder,
+                shard=shard,
             )
         ]
     return [
@@ -193,6 +264,7 @@ def list_watches_for(
             label_selector=label_selector,
             field_selector=field_selector,
             decoder=decoder,
+            shard=shard,
         )
         for ns in dict.fromkeys(namespaces)
     ]

@@ -29,6 +29,7 @@ from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 from bridge.errors import (
     BridgeError,
+    CheckpointError,
     ConfigError,
     KubeConnectionError,
     ResourceFailedError,
@@ -54,6 +55,7 @@ from bridge.service.wiring import (
     object_decoder,
     resource_fingerprinter,
     resource_id,
+    transactional_send,
 )
 from bridge.sinks.base import Sink
 
@@ -93,7 +95,7 @@ class BridgeApp:
         # handed back, bridge/service/tuning.py); the app itself leaves the process alone.
         self._after_first_sync = after_first_sync
         self.sink = sink or build_sink(settings)
-        self.checkpoints = checkpoints or build_checkpoints(settings)
+        self.checkpoints = checkpoints or build_checkpoints(settings, self.sink)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.pipelines: list[ResourcePipeline] = []
@@ -110,6 +112,8 @@ class BridgeApp:
         self._on_ready = on_ready
         # Why the bus looks unreachable (a failed probe), for readiness; None: fine.
         self._sink_unreachable: str | None = None
+        # Why a new leader cannot open the checkpoint store yet, for readiness; None: fine.
+        self._checkpoint_unavailable: str | None = None
         self.sink_probe_interval = 2.0
         # One retry policy for every loop that waits for something to come back.
         self._backoff: Callable[[], Backoff] = backoff or (
@@ -126,6 +130,10 @@ class BridgeApp:
             reasons.append(f"sink {self.settings.sink.kind}: not connected")
         elif self._sink_unreachable is not None:
             reasons.append(f"sink {self.settings.sink.kind}: {self._sink_unreachable}")
+        if self.leading and self._checkpoint_unavailable is not None:
+            reasons.append(
+                f"checkpoint {self.settings.checkpoint.kind}: {self._checkpoint_unavailable}"
+            )
         # A standby replica (not leading) runs no pipelines and is ready to take over.
         if self.leading and not self.pipelines:
             reasons.append("pipelines: not started")
@@ -227,8 +235,9 @@ class BridgeApp:
                     field_selector=res.field_selector,
                     decoder=object_decoder(fingerprinter, builder, filter),
                 )
+                rid = resource_id(info, ns, res)
                 pipeline = ResourcePipeline(
-                    resource_id=resource_id(info, ns, res),
+                    resource_id=rid,
                     lw=lw,
                     detector=ChangeDetector(fingerprinter),
                     builder=builder,
@@ -242,6 +251,7 @@ class BridgeApp:
                     label=label,
                     backoff=self._backoff,
                     filter=filter,
+                    transactional=transactional_send(self.sink, rid),
                 )
                 pipelines.append(pipeline)
                 self.served.append((res, pipeline))
@@ -302,7 +312,10 @@ class BridgeApp:
             resolved = await self.resolve_retrying(self.client, stop)
             if resolved is None:
                 return
-            await self.checkpoints.open()
+            exactly_once = getattr(self.sink, "transactions", None) is not None
+            if not s.leader_election.enabled and not exactly_once:
+                if not await self._open_store(stop):
+                    return
             if not await self.start_sink(stop):
                 return
             if s.leader_election.enabled:
@@ -320,6 +333,17 @@ class BridgeApp:
     ) -> None:
         assert self.client is not None
         self.pipelines = self.build_pipelines(self.client, resolved)
+        # Built, not yet run: no pipeline has read its checkpoint.
+        if not await self._start_transactions(stop, lost):
+            return
+        if lost is not None:
+            # A leadership term: the store opens now (a standby never touches it),
+            # after the transactional producers fenced the previous leader's.
+            if not await self._open_checkpoints(stop, lost):
+                return
+        elif getattr(self.sink, "transactions", None) is not None:
+            if not await self._open_store(stop):
+                return
         tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         if lost is not None:
@@ -360,6 +384,31 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _start_transactions(
+        self, stop: asyncio.Event, lost: asyncio.Event | None = None
+    ) -> bool:
+        """With exactly-once, start every resource's transactional producer before any
+        pipeline reads its checkpoint: that fences a previous leader and aborts what
+        it left open. Retried while Kafka is unreachable; False when stopped first."""
+        transactions = getattr(self.sink, "transactions", None)
+        if transactions is None:
+            return True
+        backoff = self._backoff()
+        ids = [p.resource_id for p in self.pipelines]
+        while not stop.is_set() and not (lost is not None and lost.is_set()):
+            try:
+                await transactions.start(ids)
+            except SinkUnavailableError as e:
+                self._sink_unreachable = str(e)
+                log.warning("cannot start the transactional producers; retrying", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(backoff.next_delay()):
+                        await stop.wait()
+                continue
+            self._sink_unreachable = None
+            return True
+        return False
 
     # -- snapshot signals (POST /snapshot) ---------------------------------------
 
@@ -503,12 +552,66 @@ class BridgeApp:
                 if stop.is_set():
                     return
                 log.info("leading: starting pipelines")
-                await self._run_pipelines(stop, resolved, lost)
-                self.pipelines = []
-                log.info("stopped leading: pipelines stopped")
+                try:
+                    await self._run_pipelines(stop, resolved, lost)
+                finally:
+                    self.pipelines = []
+                    # Let go of the store with the Lease: the next leader (on this host,
+                    # SQLite's flock) must be able to open it.
+                    await self._close_checkpoints()
+                log.info("stopped leading: pipelines stopped, checkpoint store closed")
         finally:
             election.cancel()
             await asyncio.gather(election, return_exceptions=True)
+
+    async def _open_store(self, stop: asyncio.Event) -> bool:
+        """Open the checkpoint store of a bridge without leader election. A store on a
+        server (nats-kv, kafka) that cannot be reached yet is waited for, not-ready;
+        a local file that cannot be opened (in use, unwritable) stops the bridge: a
+        person must act."""
+        if self.settings.checkpoint.kind in ("sqlite", "memory"):
+            await self.checkpoints.open()
+            return True
+        return await self._open_checkpoints(stop, asyncio.Event())
+
+    async def _open_checkpoints(self, stop: asyncio.Event, lost: asyncio.Event) -> bool:
+        """Open the checkpoint store for a leadership term, retrying (not-ready) while it
+        cannot be opened: a store still held by the old leader (SQLite's lock, until that
+        process has flushed and let go) or one that is unreachable. False: the term
+        ended, or the bridge is stopping, before it opened."""
+        backoff = self._backoff()
+        warned: str | None = None
+        while not (stop.is_set() or lost.is_set()):
+            try:
+                await self.checkpoints.open()
+            except CheckpointError as e:
+                self._checkpoint_unavailable = str(e)
+                if str(e) != warned:
+                    warned = str(e)
+                    log.warning(
+                        "leading, but the checkpoint store cannot be opened yet; retrying",
+                        error=str(e),
+                    )
+                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+                try:
+                    await asyncio.wait(
+                        waiters, timeout=backoff.next_delay(), return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    for w in waiters:
+                        w.cancel()
+                    await asyncio.gather(*waiters, return_exceptions=True)
+                continue
+            self._checkpoint_unavailable = None
+            return True
+        self._checkpoint_unavailable = None
+        return False
+
+    async def _close_checkpoints(self) -> None:
+        try:
+            await self.checkpoints.close()
+        except Exception as e:  # the next term opens it anew; closing must not end this one
+            log.warning("checkpoint store close failed", error=str(e))
 
     async def _close(self) -> None:
         for closer in (self.sink.close, self.checkpoints.close):

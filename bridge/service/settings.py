@@ -281,6 +281,38 @@ class KafkaSettings(_Section):
         description="Topic of heartbeat events (same placeholders as topic); omitted: "
         "'{topic}.heartbeats'",
     )
+    exactly_once: bool = Field(
+        default=False,
+        description="Publish each batch in a Kafka transaction together with the checkpoint"
+        " records that cover it (needs checkpoint.kind kafka); consumers reading with"
+        " isolation.level=read_committed then see every change once, across crashes and"
+        " failovers",
+    )
+    transactional_id_prefix: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Prefix of the transactional.id of each resource's producer (the same in"
+        " every replica, so a new leader fences the old one); omitted: 'k8s-bridge.' + the"
+        " cluster name",
+    )
+    transaction_timeout_ms: int = Field(
+        default=60_000,
+        gt=0,
+        description="How long the broker lets a transaction stay open before aborting it: a"
+        " bridge killed inside one holds read_committed consumers back until then, or until"
+        " it (or its standby) starts again",
+    )
+
+    @model_validator(mode="after")
+    def _idempotence_needs_acks_all(self) -> KafkaSettings:
+        # aiokafka refuses the combination with a ValueError at the first producer.
+        if self.enable_idempotence and self.acks != "all":
+            raise PydanticCustomError(
+                "keyed_error",
+                f"sink.kafka.acks: {self.acks} needs sink.kafka.enableIdempotence false"
+                " (the idempotent producer, the default, requires acks all)",
+            )
+        return self
 
     @field_validator("acks", mode="before")
     @classmethod
@@ -341,6 +373,12 @@ class CheckpointSettings(_Section):
     path: str = "./k8s-bridge-state.db"
     bucket: str = "k8s-bridge"
     kafka: CheckpointKafkaSettings = Field(default_factory=CheckpointKafkaSettings)
+    sync_write_ahead: bool = Field(
+        default=True,
+        description="sqlite: fsync each write-ahead batch (synchronous=FULL for it), so the "
+        "rows of events on their way survive an OS crash or power loss; off, a power loss "
+        "may drop them and the deletes of those objects made while down go unpublished",
+    )
     flush_interval: float = Field(
         default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
     )
@@ -513,6 +551,30 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+
+    @model_validator(mode="after")
+    def _exactly_once_fits(self) -> Settings:
+        k = self.sink.kafka
+        if self.sink.kind != "kafka" or not k.exactly_once:
+            return self
+        problem = None
+        if self.checkpoint.kind != "kafka":
+            problem = (
+                f"sink.kafka.exactlyOnce: needs checkpoint.kind kafka (it is"
+                f" {self.checkpoint.kind}): the checkpoint must be written in the same"
+                " transactions as the events"
+            )
+        elif not k.enable_idempotence:
+            problem = "sink.kafka.exactlyOnce: needs sink.kafka.enableIdempotence true"
+        elif k.acks != "all":
+            problem = f"sink.kafka.exactlyOnce: needs sink.kafka.acks all (it is {k.acks})"
+        if problem is not None:
+            raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @property
+    def transactional_id_prefix(self) -> str:
+        return self.sink.kafka.transactional_id_prefix or f"k8s-bridge.{self.cluster.name}"
 
     @field_validator("resources")
     @classmethod

@@ -5,11 +5,13 @@ command decides, encodes and names things exactly as the running bridge does."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.changes import Fingerprinter
-from bridge.delivery.events import EventBuilder
+from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.filters import Filter
+from bridge.delivery.publisher import SettledRows, TransactionalSend
 from bridge.delivery.views import fingerprinter_for
 from bridge.errors import ConfigError
 from bridge.kube.discovery import ResourceInfo
@@ -32,11 +34,23 @@ def build_sink(settings: Settings) -> Sink:
     if kind == "kafka":
         from bridge.sinks.kafka import KafkaSink
 
-        return KafkaSink.from_settings(settings.sink.kafka)
+        sink = KafkaSink.from_settings(settings.sink.kafka)
+        if settings.sink.kafka.exactly_once:
+            from bridge.sinks.kafka_transactions import KafkaTransactions
+
+            sink.transactions = KafkaTransactions(
+                sink,
+                prefix=settings.transactional_id_prefix,
+                checkpoint_topic=settings.checkpoint.kafka.topic,
+                timeout_ms=settings.sink.kafka.transaction_timeout_ms,
+            )
+        return sink
     raise ConfigError(f"config error: sink.kind: {kind!r} is not one of nats, kafka, stdout")
 
 
-def build_checkpoints(settings: Settings) -> CheckpointStore:
+def build_checkpoints(settings: Settings, sink: Sink | None = None) -> CheckpointStore:
+    """The checkpoint store; with exactly-once, ``sink``'s transactions write the Kafka
+    one, so commits and batches of a resource share its transactional producer."""
     kind = settings.checkpoint.kind
     if kind == "memory":
         from bridge.checkpoints.memory import MemoryCheckpointStore
@@ -45,7 +59,9 @@ def build_checkpoints(settings: Settings) -> CheckpointStore:
     if kind == "sqlite":
         from bridge.checkpoints.sqlite import SqliteCheckpointStore
 
-        return SqliteCheckpointStore(settings.checkpoint.path)
+        return SqliteCheckpointStore(
+            settings.checkpoint.path, sync_write_ahead=settings.checkpoint.sync_write_ahead
+        )
     if kind == "nats-kv":
         from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 
@@ -64,10 +80,30 @@ def build_checkpoints(settings: Settings) -> CheckpointStore:
         from bridge.checkpoints.kafka import KafkaCheckpointStore
 
         # The topic lives in the sink's Kafka cluster: the same credentials and TLS reach it.
-        return KafkaCheckpointStore.from_settings(settings)
+        return KafkaCheckpointStore.from_settings(
+            settings, writer=getattr(sink, "transactions", None)
+        )
     raise ConfigError(
         f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv, kafka"
     )
+
+
+def transactional_send(sink: Sink, resource_id: str) -> TransactionalSend | None:
+    """How the pipeline of ``resource_id`` publishes a batch with its checkpoint rows in
+    one Kafka transaction (``sink.kafka.exactlyOnce``); None for any other sink."""
+    transactions = getattr(sink, "transactions", None)
+    if transactions is None:
+        return None
+    from bridge.checkpoints.kafka import commit_records
+
+    channel = transactions.channel(resource_id)
+
+    async def send(events: Sequence[Event], rows: SettledRows) -> Mapping[int, str]:
+        return await channel.publish(
+            events, lambda refused: commit_records(resource_id, None, *rows(refused))
+        )
+
+    return send
 
 
 def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings) -> str:

@@ -40,6 +40,7 @@ from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 
 if TYPE_CHECKING:
     from bridge.service.settings import KafkaSettings
+    from bridge.sinks.kafka_transactions import KafkaTransactions
 
 _TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
 
@@ -202,6 +203,10 @@ class KafkaSink:
         self.metadata_timeout = metadata_timeout
         # The producer's default partitioner (murmur2 of the key), which ``send`` would use.
         self._partitioner = DefaultPartitioner()
+        # With sink.kafka.exactlyOnce, each resource's transactional producer
+        # (bridge/sinks/kafka_transactions.py); this producer then carries only
+        # heartbeats, which no checkpoint covers.
+        self.transactions: KafkaTransactions | None = None
 
     @classmethod
     def from_settings(cls, k: KafkaSettings) -> KafkaSink:
@@ -531,6 +536,8 @@ class KafkaSink:
             return False
 
     async def close(self) -> None:
+        if self.transactions is not None:
+            await self.transactions.close()
         producer, self._producer = self._producer, None
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)

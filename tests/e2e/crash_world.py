@@ -32,8 +32,10 @@ from typing import Any, Protocol
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.delivery.changes import CERTAIN, Fingerprinter
+from bridge.errors import CheckpointError
 from tests.e2e.bridge_process import BridgeProcess, kill9, until
 
 FINGERPRINT = Fingerprinter([]).fingerprint
@@ -335,18 +337,48 @@ def nats_kv_settled(url: str, bucket: str, resource_id: str = "core/v1/pods") ->
     return settled
 
 
+def kafka_checkpoint_settled(bootstrap: str, topic: str, resource_id: str) -> Settled:
+    """As ``nats_kv_settled``, for a checkpoint in a Kafka topic (read committed)."""
+
+    async def settled(world: World) -> bool:
+        store = KafkaCheckpointStore({"bootstrap_servers": [bootstrap]}, topic)
+        try:
+            await store.open()
+            cp = await store.load(resource_id)
+        except CheckpointError:
+            return False  # the topic not made yet: the bridge is starting
+        finally:
+            await store.close()
+        return (
+            cp is not None
+            and bool(cp.resource_version)
+            and int(cp.resource_version) >= world.settled_rv()
+            and all(d.state == CERTAIN for d in cp.digests.values())
+        )
+
+    return settled
+
+
 def seed() -> int:
     return int(os.environ.get("CRASH_SEED") or time.time_ns() % 10**9)
 
 
-async def kafka_events(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Body]:
-    """Every event in ``topic``, from its start up to the end offsets it had when asked."""
+async def kafka_events(
+    bootstrap: str,
+    topic: str,
+    timeout: float = 30.0,
+    *,
+    isolation_level: str = "read_uncommitted",
+) -> list[Body]:
+    """Every event in ``topic``, from its start up to the end offsets it had when asked
+    (the last stable offset under ``read_committed``, aborted transactions left out)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         group_id=None,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     out: list[Body] = []

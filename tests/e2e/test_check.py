@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,15 @@ async def test_all_ok_exits_0_with_one_line_per_check(
     assert "Traceback" not in err, err
     assert code == 0, (lines, err)
     assert failures(lines) == []
-    assert all(line.startswith("ok ") for line in lines), lines
+    # A single nats-server cannot keep 3 replicas: a warning, never a failure.
+    assert [line for line in lines if not line.startswith("ok ")] == [
+        "WARN  sink nats stream K8S: stream K8S has 1 replica(s): the loss of that server's "
+        "disk loses acknowledged events; use 3 replicas on a cluster of 3 or more servers"
+    ], lines
     # config, api, then per resource (Pod, Secret, Widget): served + list + watch,
     # the control endpoint's reviews (controlAuth kubernetes by default), then the
-    # sink and the checkpoint store.
-    assert len(lines) == 2 + 3 * 3 + 1 + 2, lines
+    # sink, its stream's durability and the checkpoint store.
+    assert len(lines) == 2 + 3 * 3 + 1 + 3, lines
     assert lines[0].startswith("ok    config:")
     assert lines[1].startswith("ok    api:") and emulator.url.split("//")[1] in lines[1]
     for what in ("v1/Pod", "v1/Secret", "example.com/v1/Widget"):
@@ -221,3 +226,142 @@ async def test_a_checkpoint_held_by_a_live_process_is_read_not_failed(
     code, lines, err = await check(config)
     assert code == 0, lines
     assert "ok    checkpoint sqlite: opens" in lines
+
+
+# -- the bus's durability: warnings, one line each, never a failure ------------------------
+
+
+def warnings(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("WARN")]
+
+
+async def test_a_memory_stream_is_a_warning_and_a_file_stream_is_not(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    import nats
+    from nats.js.api import StorageType
+
+    nc = await nats.connect(nats_control.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="MEM", subjects=["mem.>"], storage=StorageType.MEMORY)
+        await js.add_stream(name="DISK", subjects=["disk.>"], storage=StorageType.FILE)
+    finally:
+        await nc.close()
+    for stream in ("MEM", "DISK"):
+        home = tmp_path / stream
+        home.mkdir()
+        config = write_config(
+            home / "bridge.yaml",
+            kubeconfig=kubeconfig,
+            sink={
+                "kind": "nats",
+                "nats": {
+                    "servers": [nats_control.url],
+                    "stream": stream,
+                    "subjects": [f"{stream.lower()}.>"],
+                },
+            },
+            resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        )
+        code, lines, err = await check(config)
+        assert code == 0, (lines, err)
+        warned = warnings(lines)
+        memory = [w for w in warned if "memory storage" in w]
+        if stream == "MEM":
+            assert memory == [
+                "WARN  sink nats stream MEM: stream MEM has memory storage: a server restart "
+                "loses every acknowledged event; use file storage"
+            ], lines
+        else:
+            assert memory == [], lines
+        # One server: fewer than 3 replicas either way.
+        assert any(f"stream {stream} has 1 replica(s)" in w for w in warned), lines
+
+
+async def kafka_topic_with(bootstrap: str, name: str, configs: dict[str, str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(name, num_partitions=1, replication_factor=1, topic_configs=configs)]
+        )
+    finally:
+        await admin.close()
+
+
+def kafka_check_config(home: Path, kubeconfig: Path, bootstrap: str, topic: str, acks: Any) -> Path:
+    home.mkdir()
+    return write_config(
+        home / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={
+            "kind": "kafka",
+            # acks other than all needs the idempotent producer off (aiokafka refuses both).
+            "kafka": {
+                "bootstrapServers": [bootstrap],
+                "topic": topic,
+                "acks": acks,
+                "enableIdempotence": acks == "all",
+            },
+        },
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+    )
+
+
+@pytest.mark.timeout(180)  # three checks and a broker of its own to start
+async def test_kafka_topic_below_what_the_guarantees_need_warns_one_line_each(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, kafka_broker: str
+) -> None:
+    weak, sound = f"weak-{uuid.uuid4().hex[:8]}", f"sound-{uuid.uuid4().hex[:8]}"
+    await kafka_topic_with(
+        kafka_broker,
+        weak,
+        {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
+    )
+    # All a single broker can express: a replication factor of 3 it cannot.
+    await kafka_topic_with(
+        kafka_broker,
+        sound,
+        {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"},
+    )
+    code, lines, err = await check(
+        kafka_check_config(tmp_path / "weak", kubeconfig, kafka_broker, weak, 1)
+    )
+    assert code == 0, (lines, err)
+    what = f"WARN  sink kafka topic {weak}: "
+    assert warnings(lines) == [
+        what + "sink.kafka.acks is 1: the broker acknowledges before the in-sync replicas "
+        "have the event, so a leader failover loses acknowledged events; set acks: all",
+        what + "replication factor is 1: the loss of one broker's disk loses acknowledged "
+        "events; use 3 or more",
+        what + "min.insync.replicas is 1: acks=all is then satisfied by the leader alone; "
+        "set it to 2 or more (with a replication factor of 3)",
+        what + "unclean.leader.election.enable is true: an out-of-sync replica may become "
+        "leader and drop acknowledged events; set it to false",
+    ], lines
+
+    code, lines, err = await check(
+        kafka_check_config(tmp_path / "sound", kubeconfig, kafka_broker, sound, "all")
+    )
+    assert code == 0, (lines, err)
+    assert warnings(lines) == [
+        f"WARN  sink kafka topic {sound}: replication factor is 1: the loss of one broker's "
+        "disk loses acknowledged events; use 3 or more"
+    ], lines
+
+    # A topic per resource is created when first published to: the broker's defaults.
+    templated = f"t-{uuid.uuid4().hex[:8]}-{{resource}}"
+    code, lines, err = await check(
+        kafka_check_config(tmp_path / "templated", kubeconfig, kafka_broker, templated, "all")
+    )
+    assert code == 0, (lines, err)
+    what = f"WARN  sink kafka topics {templated} (to be created with the broker's defaults): "
+    assert warnings(lines) == [
+        what + "default.replication.factor is 1: the loss of one broker's disk loses "
+        "acknowledged events; use 3 or more",
+        what + "min.insync.replicas is 1: acks=all is then satisfied by the leader alone; "
+        "set it to 2 or more (with a replication factor of 3)",
+    ], lines

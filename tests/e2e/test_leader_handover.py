@@ -3,7 +3,9 @@
 As a Deployment with ``replicas: 2`` runs it: both processes watch the same
 API (the emulator over HTTP) and share one bus and one checkpoint store (NATS
 JetStream and its KV bucket; in HA a replica's own disk would resume from a
-stale state). The leader is kill -9'd while changes keep coming; the standby
+stale state), or, as two replicas on one host do, one SQLite file: a standby
+never opens the store (nor takes its lock) until it holds the Lease, and the
+leader lets go of it when it stops leading. The leader is kill -9'd while changes keep coming; the standby
 takes over after about the lease duration and resumes from the shared
 checkpoint, so every change made across the hand-over reaches the bus exactly
 once per (subject, resourceVersion): what the dead leader published but had
@@ -26,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from bridge.checkpoints.sqlite import SqliteCheckpointStore
+from bridge.cli.check import sqlite_holder
 from bridge.emulator import Emulator
 from tests.e2e.bridge_process import (
     BridgeProcess,
@@ -56,8 +60,19 @@ def pod(name: str) -> dict[str, Any]:
     }
 
 
+def checkpoint_of(kind: str, tmp_path: Path) -> dict[str, Any]:
+    """One checkpoint store both replicas share."""
+    if kind == "sqlite":
+        return {"kind": "sqlite", "path": str(tmp_path / "shared.db"), "flushInterval": 0.1}
+    return {"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1}
+
+
 def replica_config(
-    tmp_path: Path, kubeconfig: Path, nats: NatsServer, identity: str
+    tmp_path: Path,
+    kubeconfig: Path,
+    nats: NatsServer,
+    identity: str,
+    checkpoint: str = "nats-kv",
 ) -> BridgeProcess:
     home = tmp_path / identity
     home.mkdir()
@@ -65,7 +80,7 @@ def replica_config(
         home / "bridge.yaml",
         kubeconfig=kubeconfig,
         sink={"kind": "nats", "nats": {"servers": [nats.url]}},
-        checkpoint={"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1},
+        checkpoint=checkpoint_of(checkpoint, tmp_path),
         leaderElection={
             "enabled": True,
             "identity": identity,
@@ -111,12 +126,18 @@ class Churn:
                 await self._task
 
 
+def lock_holder(tmp_path: Path, kind: str) -> str | None:
+    """The pid holding the shared SQLite file's lock (None: nobody, or not SQLite)."""
+    return sqlite_holder(str(tmp_path / "shared.db")) if kind == "sqlite" else None
+
+
+@pytest.mark.parametrize("checkpoint", ["nats-kv", "sqlite"])
 async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
-    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer, checkpoint: str
 ) -> None:
     emulator.create(pod("before"))
-    a = replica_config(tmp_path, kubeconfig, nats_control, "replica-a")
-    b = replica_config(tmp_path, kubeconfig, nats_control, "replica-b")
+    a = replica_config(tmp_path, kubeconfig, nats_control, "replica-a", checkpoint)
+    b = replica_config(tmp_path, kubeconfig, nats_control, "replica-b", checkpoint)
     churn = Churn(emulator)
     await a.start()
     try:
@@ -127,6 +148,10 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
         await b.wait_ready()
         lease = emulator.get("coordination.k8s.io/v1", "Lease", "k8s-bridge", namespace="default")
         assert lease["spec"]["holderIdentity"] == "replica-a"
+        assert a.proc is not None and b.proc is not None
+        if checkpoint == "sqlite":
+            # The standby, ready, has not touched the store: the leader alone holds it.
+            assert lock_holder(tmp_path, checkpoint) == str(a.proc.pid)
 
         churn.start()
 
@@ -155,6 +180,8 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
             return published(await b.metrics(), None) >= 5
 
         await until(b_publishes, 20, b.tail_log)
+        if checkpoint == "sqlite":
+            assert lock_holder(tmp_path, checkpoint) == str(b.proc.pid)
         await churn.stop()
         made = set(churn.made)
 
@@ -190,3 +217,54 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
         by_subject.setdefault(e["subject"], []).append(int(e["resourceversion"]))
     assert all(rvs == sorted(rvs) for rvs in by_subject.values())
     print(f"hand-over after kill -9: {handover:.2f}s; {len(churn.made)} changes made")
+
+
+async def test_a_leader_waits_for_a_held_store_and_lets_go_of_it_with_the_lease(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """A new leader whose SQLite file is still held (an old leader flushing its last
+    batch) is not-ready and retries, with one warning, instead of exiting; a leader
+    that loses the Lease closes the store before it goes."""
+    emulator.create(pod("held"))
+
+    def warnings(bridge: BridgeProcess) -> int:
+        return bridge.log.read_text().count("checkpoint store cannot be opened yet")
+
+    a = replica_config(tmp_path, kubeconfig, nats_control, "replica-a", "sqlite")
+    old = SqliteCheckpointStore(tmp_path / "shared.db")
+    await old.open()  # the old leader, still holding the file
+    try:
+        await a.start()
+        assert a.proc is not None
+
+        async def held_not_ready() -> bool:
+            status, body = await a.readyz()
+            return await is_leader(a) and status == 503 and "is in use" in body
+
+        await until(held_not_ready, 20, a.tail_log)
+        await until(lambda: warnings(a) >= 1, 10, a.tail_log)
+        assert a.proc.returncode is None
+    finally:
+        await old.close()
+    try:
+        await a.wait_ready()
+        assert lock_holder(tmp_path, "sqlite") == str(a.proc.pid)
+        await probe(emulator, nats_control.url, pod("after"), message=a.tail_log)
+        # One warning for the one reason, however many retries it took.
+        assert warnings(a) == 1, a.tail_log()
+
+        # Someone else takes the Lease (as a rival does once a renewal fails): the
+        # replica stops leading, closes the store and exits 0, client-go's way (its
+        # restart campaigns anew).
+        lease = emulator.get("coordination.k8s.io/v1", "Lease", "k8s-bridge", namespace="default")
+        lease["spec"]["holderIdentity"] = "rival"
+        lease["spec"]["leaseDurationSeconds"] = 600
+        emulator.update(lease)
+        async with asyncio.timeout(20):
+            code = await a.proc.wait()
+    finally:
+        if a.proc.returncode is None:
+            await a.stop()
+    assert code == 0, a.tail_log()
+    assert "checkpoint store closed" in a.log.read_text()
+    assert lock_holder(tmp_path, "sqlite") is None

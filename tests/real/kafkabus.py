@@ -78,8 +78,11 @@ def watermark(db: Path, resource_id: str, *, settled: bool = True) -> int:
     return int(row[0]) if row and row[0] else 0
 
 
-async def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every record of ``topic`` up to the broker's end offsets at the time of the call."""
+async def read_topic(
+    bootstrap: str, topic: str, *, isolation_level: str = "read_uncommitted"
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topic`` up to the broker's end offsets at the time of the call
+    (under ``read_committed``, up to the last stable offset, aborted records left out)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -90,7 +93,10 @@ async def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, b
         return []
     parts = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     try:

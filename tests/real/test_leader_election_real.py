@@ -2,8 +2,10 @@
 
 Two ``k8s-bridge run`` replicas, as a Deployment with ``replicas: 2`` runs them
 (examples/ha.yaml): both watch the test's namespace, share one JetStream and one
-checkpoint bucket (NATS KV; a replica's own disk would resume from a stale
-state), and campaign for one Lease in that namespace. While ConfigMaps are
+checkpoint (a NATS KV bucket, or one SQLite file as two replicas on one host
+share it; a replica's own disk would resume from a stale state), and campaign
+for one Lease in that namespace. A standby never opens the checkpoint store until
+it holds the Lease: with SQLite, the leader alone holds the file's lock. While ConfigMaps are
 created, patched and deleted without pause, the leader is kill -9'd at a random
 moment. The standby takes over once the lease, as last renewed, has run out,
 and the bus ends up exact: every live object's last event is its current
@@ -36,6 +38,7 @@ from typing import Any
 import orjson
 import pytest
 
+from bridge.cli.check import sqlite_holder
 from bridge.errors import ConflictError, KubeError
 from bridge.kube.client import KubeClient
 from bridge.kube.lease import KubeLeaseClient, LeaderElector, Lease
@@ -73,16 +76,20 @@ def replica(
     identity: str,
     *,
     lease_namespace: str | None = None,
+    checkpoint: str = "nats-kv",
     **extra: Any,
 ) -> BridgeProcess:
     home = tmp_path / identity
     home.mkdir()
+    store: dict[str, Any] = {"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1}
+    if checkpoint == "sqlite":
+        store = {"kind": "sqlite", "path": str(tmp_path / "shared.db"), "flushInterval": 0.1}
     config = write_config(
         home / "bridge.yaml",
         kubeconfig=kubeconfig,
         resources=[{"apiVersion": "v1", "kind": "ConfigMap", "namespaces": [namespace]}],
         sink={"kind": "nats", "nats": {"servers": [nats.url]}},
-        checkpoint={"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1},
+        checkpoint=store,
         **extra,
         leaderElection={
             "enabled": True,
@@ -166,8 +173,13 @@ def change_of(event: dict[str, Any]) -> str:
     return str(event["type"]).rsplit(".", 1)[-1]
 
 
+@pytest.mark.parametrize("checkpoint", ["nats-kv", "sqlite"])
 async def test_kill9_failover_under_churn_on_real_leases(
-    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+    tmp_path: Path,
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    nats_control: NatsServer,
+    checkpoint: str,
 ) -> None:
     ns = kube_namespace
     seed = random.randrange(1 << 30)
@@ -175,8 +187,9 @@ async def test_kill9_failover_under_churn_on_real_leases(
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
     for i in range(3):
         kube_cluster.create(configmap(ns, f"before-{i}", 0))
-    a = replica(tmp_path, kubeconfig, nats_control, ns, "replica-a")
-    b = replica(tmp_path, kubeconfig, nats_control, ns, "replica-b")
+    a = replica(tmp_path, kubeconfig, nats_control, ns, "replica-a", checkpoint=checkpoint)
+    b = replica(tmp_path, kubeconfig, nats_control, ns, "replica-b", checkpoint=checkpoint)
+    shared = str(tmp_path / "shared.db")
     churn = Churn(kube_cluster, ns, seed)
     await a.start()
     try:
@@ -189,6 +202,10 @@ async def test_kill9_failover_under_churn_on_real_leases(
         assert spec["holderIdentity"] == "replica-a"
         assert spec["leaseDurationSeconds"] == LEASE
         assert spec["leaseTransitions"] == 0
+        assert a.proc is not None and b.proc is not None
+        if checkpoint == "sqlite":
+            # The standby, ready, has not touched the store: the leader alone holds it.
+            assert sqlite_holder(shared) == str(a.proc.pid)
         first_acquired = micro_time(spec["acquireTime"])
         assert micro_time(spec["renewTime"]) >= first_acquired
 
@@ -222,6 +239,8 @@ async def test_kill9_failover_under_churn_on_real_leases(
             return published(await b.metrics(), None) >= 5
 
         await until(b_publishes, 30, b.tail_log)
+        if checkpoint == "sqlite":
+            assert sqlite_holder(shared) == str(b.proc.pid)
         await churn.stop()
 
         def current() -> dict[str, str]:
@@ -300,7 +319,7 @@ async def test_kill9_failover_under_churn_on_real_leases(
         assert not missing, f"{len(missing)} changes never published: {sorted(missing)[:5]}"
         assert churn.deleted <= {u for u, evs in by_uid.items() if change_of(evs[-1]) == "deleted"}
     print(
-        f"seed {seed}: take-over {takeover:.2f}s after kill -9 "
+        f"{checkpoint}, seed {seed}: take-over {takeover:.2f}s after kill -9 "
         f"({acquired - micro_time(before['renewTime']):.2f}s after the last renewal, "
         f"lease {LEASE}s); {len(churn.made)} changes, {len(churn.deleted)} deletes, "
         f"{len(events)} events; resumed by {'relist' if relisted else 'watch'}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.delivery.changes import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 from bridge.delivery.outbox import Batch, Outbox
 
@@ -308,6 +308,54 @@ def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
     assert batch.ahead == [Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")]
 
 
+# -- rows settled with their batch (exactly-once) ---------------------------------
+
+
+def test_settled_rows_are_certain_gone_and_forget_priors() -> None:
+    """A store written in one transaction with the batch holds the state after it."""
+    w = World()
+    w.change("a", "u1", 10)
+    w.change("b", "ub", 11)
+    w.publish()
+    w.delete("a", "u1", 12)
+    w.change("a", "u2", 13, fp="g")  # re-created in the same batch
+    w.change("c", "uc", 14, fp="h")
+    w.delete("b", "ub", 15)
+    batch = w.outbox.take(10)
+    assert batch is not None
+    upserts, deletes = batch.settled_rows()
+    assert upserts == [
+        Digest("a", "u2", "13", "g"),
+        Digest("c", "uc", "14", "h"),
+        # Not a tombstone: a watch from an older watermark would bring b back.
+        Digest("b", "ub", "15", "", GONE),
+    ]
+    assert deletes == []
+
+
+def test_a_refused_last_event_leaves_its_key_out_of_the_settled_rows() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.change("b", "ub", 11)
+    w.change("a", "ua", 12, fp="g")
+    batch = w.outbox.take(10)
+    assert batch is not None
+    # b's only event refused: its row stays as it was; a's first event refused but
+    # its last landed: a is settled at its last state.
+    upserts, deletes = batch.settled_rows(refused={0, 1})
+    assert (upserts, deletes) == ([Digest("a", "ua", "12", "g")], [])
+
+
+def test_a_restarts_unresolved_state_is_settled_as_it_was_written_ahead() -> None:
+    w = World(watermark="9")
+    row = Digest("a", "u2", "12", "g", UNCERTAIN, prior="u1")
+    w.outbox.restore_uncertain([row])
+    w.outbox.decide("a", "u1", event("u1", "", "deleted"), None)
+    batch = w.outbox.take(10)
+    assert batch is not None
+    assert batch.settled_rows() == ([row], [])
+
+
 # -- commits of many keys --------------------------------------------------------
 
 
@@ -340,12 +388,32 @@ def test_a_commit_reads_its_digests_from_the_cache_a_step_at_a_time() -> None:
     assert built == ["a", "b"]
     assert first.watermark is None  # not before every row is stored
     assert [(d.key, d.resource_version) for d in first.upserts] == [("a", "10")]
-    assert first.deletes == ["b"]
+    # b's delete waits for the watermark: a row gone before it passes the delete
+    # would let a watch from the old watermark replay b as new.
+    assert first.deletes == []
     last = next(steps)
-    assert built == ["a", "b", "c", "d"]
+    assert built == ["a", "b", "c", "d", "b"]  # b read again, with the last step
     assert last.watermark == "13"
-    assert [d.key for d in last.upserts] == ["c", "d"] and last.deletes == []
+    assert [d.key for d in last.upserts] == ["c", "d"] and last.deletes == ["b"]
     assert next(steps, None) is None
+
+
+def test_a_held_delete_of_a_key_decided_since_keeps_its_write_ahead_row() -> None:
+    w = World()
+    for i, key in enumerate("abcd"):
+        w.change(key, f"u{key}", 10 + i)
+    w.publish()
+    w.commit()
+    w.delete("b", "ub", 20)
+    w.change("c", "uc", 21, fp="g")
+    w.publish()
+    commit = w.outbox.checkpoint()
+    assert commit is not None and commit.keys == ["b", "c"]
+    steps = commit.steps(1)
+    assert next(steps).deletes == []  # b held
+    w.change("b", "ub2", 22)  # re-created: its event is on its way
+    last = next(steps)
+    assert last.deletes == [] and [d.key for d in last.upserts] == ["c"]
 
 
 def test_a_key_decided_between_steps_keeps_its_write_ahead_row() -> None:

@@ -104,10 +104,19 @@ def test_snake_case_keys_are_accepted_too(tmp_path: Path) -> None:
 
 
 def test_kafka_acks_accepts_yaml_int_and_env_string(tmp_path: Path) -> None:
-    path = write(tmp_path, {**MINIMAL, "sink": {"kind": "kafka", "kafka": {"acks": 1}}})
+    kafka = {"acks": 1, "enableIdempotence": False}
+    path = write(tmp_path, {**MINIMAL, "sink": {"kind": "kafka", "kafka": kafka}})
     assert load_settings(path, env={}).sink.kafka.acks == 1
     assert load_settings(path, env={"BRIDGE_SINK__KAFKA__ACKS": "0"}).sink.kafka.acks == 0
     assert load_settings(path, env={"BRIDGE_SINK__KAFKA__ACKS": "-1"}).sink.kafka.acks == "all"
+
+
+def test_acks_other_than_all_with_the_idempotent_producer_is_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, {**MINIMAL, "sink": {"kind": "kafka", "kafka": {"acks": 1}}})
+    assert error_of(path) == (
+        "config error: sink.kafka.acks: 1 needs sink.kafka.enableIdempotence false"
+        " (the idempotent producer, the default, requires acks all)"
+    )
 
 
 def test_secrets_are_not_shown_in_repr(tmp_path: Path) -> None:

@@ -86,14 +86,32 @@ CLUSTER_WIDE: dict[str, Any] = {
     "rbac": {"selfSubjectAccessReview": False},
 }
 
+
+def kafka_only_values() -> dict[str, Any]:
+    """The two-replica, Kafka-only, exactly-once values docs/operations.md shows."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    block = text.split("A two-replica deployment with Kafka alone", 1)[1]
+    values: dict[str, Any] = yaml.safe_load(block.split("```yaml\n", 1)[1].split("```", 1)[0])
+    return values
+
+
 CASES: dict[str, dict[str, Any]] = {
     "default": {"values": {}, "namespace": "bridge"},
+    "kafka-only": {"values": kafka_only_values(), "namespace": "bridge"},
     "ha-namespaced": {"values": HA_NAMESPACED, "namespace": "bridge"},
     "cluster-wide": {"values": CLUSTER_WIDE, "namespace": "bridge"},
     "bad-sink": {"values": {"config": {"sink": {"kind": "rabbit"}}}, "namespace": "bridge"},
     "bad-key": {"values": {"config": {"sinks": {}}}, "namespace": "bridge"},
     "replicas-without-election": {
         "values": {"replicaCount": 2, "persistence": {"enabled": False}},
+        "namespace": "bridge",
+    },
+    "replicas-on-sqlite": {
+        "values": {
+            "replicaCount": 2,
+            "leaderElection": {"enabled": True},
+            "persistence": {"enabled": False},
+        },
         "namespace": "bridge",
     },
 }
@@ -212,6 +230,12 @@ def test_values_schema_rejects_bad_bridge_config(
 
 def test_replicas_without_leader_election_refuse_to_render(helm_results: dict[str, Any]) -> None:
     assert "leaderElection.enabled" in helm_results["replicas-without-election"]["renderError"]
+
+
+def test_replicas_on_a_sqlite_checkpoint_refuse_to_render(helm_results: dict[str, Any]) -> None:
+    # SQLite is one file on one host: across pods each would resume from its own.
+    error = helm_results["replicas-on-sqlite"]["renderError"]
+    assert "config.checkpoint.kind: sqlite" in error and "nats-kv or kafka" in error, error
 
 
 # --- every manifest is valid Kubernetes ------------------------------------------------
@@ -399,3 +423,22 @@ def test_default_values_config_is_a_valid_bridge_config(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(DEFAULT_VALUES["config"]))
     settings = load_settings(str(path), env={})
     assert settings.checkpoint.path.startswith(DEFAULT_VALUES["persistence"]["mountPath"] + "/")
+
+
+def test_the_kafka_only_deployment_of_the_docs_renders_and_loads(
+    helm_results: dict[str, Any], tmp_path: Path
+) -> None:
+    result = helm_results["kafka-only"]
+    assert result["lint"]["code"] == 0, result["lint"]["output"]
+    objs = docs(result)
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    (deploy,) = find(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert not find(objs, "PersistentVolumeClaim")
+    (cm,) = find(objs, "ConfigMap")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(cm["data"]["bridge.yaml"])
+    settings = load_settings(str(path), env={})
+    assert settings.sink.kafka.exactly_once and settings.checkpoint.kind == "kafka"
+    assert settings.leader_election.enabled

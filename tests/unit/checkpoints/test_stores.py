@@ -272,3 +272,43 @@ async def test_sqlite_read_only_creates_and_changes_nothing(tmp_path: Path) -> N
         assert await writer.load("r") == Checkpoint("3", {"ns/a": d("ns/a")})
     finally:
         await writer.close()
+
+
+@pytest.mark.parametrize("sync_write_ahead", [True, False])
+async def test_sqlite_syncs_write_ahead_rows_and_leaves_watermark_commits_to_the_wal(
+    tmp_path: Path, sync_write_ahead: bool
+) -> None:
+    """A write-ahead row lost to a power loss is a delete never published, so each
+    write-ahead commit runs at synchronous=FULL (its WAL frames fsynced before it
+    returns; strace shows one fdatasync per write-ahead batch, none per watermark
+    commit); a watermark commit stays NORMAL (lost, it only replays redeliveries)."""
+    store = SqliteCheckpointStore(tmp_path / "cp.db", sync_write_ahead=sync_write_ahead)
+    await store.open()
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)
+    try:
+
+        async def level_of(*commit: Any) -> list[str]:
+            """The synchronous level each statement of one commit ran at."""
+            statements.clear()
+            await store.commit("v1/pods", *commit)
+            level, levels = "NORMAL", []
+            for sql in statements:
+                if sql.startswith("PRAGMA synchronous="):
+                    level = sql.split("=", 1)[1]
+                else:
+                    levels.append(level)
+            assert level == "NORMAL", statements  # the connection is left as it was
+            return levels
+
+        ahead = await level_of(None, [d(f"ns/{i}") for i in range(3)], [])
+        # A write-ahead of more rows than one statement holds: one transaction, synced.
+        many = await level_of(None, [d(f"ns/{i}") for i in range(2_500)], [])
+        step = await level_of("100", [d("ns/0", "2")], ["ns/1"])
+    finally:
+        await store.close()
+    want = "FULL" if sync_write_ahead else "NORMAL"
+    assert ahead == [want], statements
+    assert set(many) == {want} and len(many) >= 4, many
+    assert set(step) == {"NORMAL"}, step
