@@ -246,9 +246,10 @@ def kafka_only_config(
     )
 
 
-async def settled(bootstrap: str, topic: str, resource_id: str, rv: int) -> bool:
-    """The bridge's checkpoint has a watermark at ``rv`` or later and no row still
-    written ahead: every event is acknowledged and committed."""
+async def settled(bootstrap: str, topic: str, resource_id: str, rv: int, keys: set[str]) -> bool:
+    """The bridge's checkpoint has a watermark at ``rv`` or later, the digests of
+    exactly ``keys`` and no row still written ahead: every event decided is
+    acknowledged and committed."""
     s = store(bootstrap, topic)
     await s.open()
     try:
@@ -258,6 +259,7 @@ async def settled(bootstrap: str, topic: str, resource_id: str, rv: int) -> bool
     return (
         cp is not None
         and int(cp.resource_version or 0) >= rv
+        and set(cp.digests) == keys
         and all(d.state == CERTAIN for d in cp.digests.values())
     )
 
@@ -281,7 +283,7 @@ async def test_kill9_and_a_compaction_while_down_publish_exactly_the_deletes(
     await bridge.start()
     try:
         await until(
-            lambda: settled(real_kafka.bootstrap, cp_topic, rid, last),
+            lambda: settled(real_kafka.bootstrap, cp_topic, rid, last, {f"{ns}/{n}" for n in pods}),
             timeout=60,
             message=bridge.tail_log,
         )
@@ -307,14 +309,15 @@ async def test_kill9_and_a_compaction_while_down_publish_exactly_the_deletes(
     )
     kube_cluster.compact()
     kube_cluster.restart_apiserver()
-    after_deletes = kube_cluster.resource_version
+    survivors = {f"{ns}/{n}" for n in pods if n not in gone}
 
     since = bridge.log.stat().st_size
     bridge = BridgeProcess(config)
     await bridge.start()
     try:
+        # Past the last create: the relist's resourceVersion, the deletes in it.
         await until(
-            lambda: settled(real_kafka.bootstrap, cp_topic, rid, after_deletes),
+            lambda: settled(real_kafka.bootstrap, cp_topic, rid, last + 1, survivors),
             timeout=90,
             message=bridge.tail_log,
         )
