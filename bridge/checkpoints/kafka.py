@@ -280,6 +280,7 @@ class KafkaCheckpointStore:
         # Resources whose rows were handed over (and freed): a second load reads again.
         self._taken: set[bytes] = set()
         self._ids: set[str] = set()
+        self._watermarks: dict[bytes, bytes | None] = {}
         # One commit at a time, in call order (the lock is first come, first served).
         self._writes = asyncio.Lock()
 
@@ -315,6 +316,8 @@ class KafkaCheckpointStore:
         except _UNREACHABLE as exc:
             raise CheckpointError(f"{self.where}: cannot open: {exc!r}") from exc
         self._ids = {rid.decode() for rid in self._rows}
+        # Kept apart from the rows, which ``load`` hands over and frees.
+        self._watermarks = {rid: rows.watermark for rid, rows in self._rows.items()}
         self._stale.clear()
         self._taken.clear()
         self._open = True
@@ -461,6 +464,21 @@ class KafkaCheckpointStore:
             plain.extend(convert(chunk))
             await asyncio.sleep(0)
         return BulkCheckpoint(_watermark(rows.watermark), plain, others)
+
+    async def watermark(self, resource_id: str) -> str | None:
+        """The stored watermark of ``resource_id`` (None: none stored), without taking
+        its rows: as read at open, or read again if committed to since."""
+        self._require_open()
+        rid = resource_id.encode()
+        if rid in self._stale:
+            try:
+                rows = (await self._read(rid)).get(rid)
+            except _UNREACHABLE as exc:
+                raise CheckpointError(f"{self.where}: cannot read {resource_id}: {exc!r}") from exc
+            value = None if rows is None else rows.watermark
+        else:
+            value = self._watermarks.get(rid)
+        return None if value is None else _watermark(value)
 
     async def resource_ids(self) -> list[str]:
         """Every resource id with a checkpoint in the topic (read at open, or committed since)."""

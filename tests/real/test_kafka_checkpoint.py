@@ -400,3 +400,27 @@ async def test_records_of_aborted_and_open_transactions_are_not_the_checkpoint(
     finally:
         for p in producers:
             await p.stop()
+
+
+async def test_a_watermark_is_read_without_taking_the_rows(real_kafka: KafkaBroker) -> None:
+    """Re-sharding compares watermarks before any resource loads: reading one leaves
+    the rows to ``load``, and a commit since the read is seen."""
+    topic = f"cp-{uuid.uuid4().hex[:8]}"
+    s = store(real_kafka.bootstrap, topic)
+    await s.open()
+    try:
+        await s.commit("r", "7", [Digest("ns/a", "ua", "7", "f")], [])
+        await s.commit("ahead", None, [Digest("ns/b", "ub", "3", "f", UNCERTAIN)], [])
+    finally:
+        await s.close()
+    s = store(real_kafka.bootstrap, topic)
+    await s.open()
+    try:
+        assert await s.watermark("r") == "7"
+        assert await s.watermark("ahead") is None  # rows, no watermark
+        assert await s.watermark("never") is None
+        assert await s.load("r") == Checkpoint("7", {"ns/a": Digest("ns/a", "ua", "7", "f")})
+        await s.commit("r", "8", [], ["ns/a"])
+        assert await s.watermark("r") == "8"
+    finally:
+        await s.close()
