@@ -363,20 +363,22 @@ class KafkaCheckpointStore:
             for entry in resource[4]:
                 if entry[0] == "cleanup.policy":
                     policy = entry[1] or ""
+        # A person must act on these two, so they stop the bridge (a ConfigError)
+        # instead of being retried as an unreachable store is.
         if policy.replace(" ", "") != "compact":
-            raise CheckpointError(
-                f"{self.where}: the topic has cleanup.policy={policy or '?'}; a checkpoint"
-                " topic must be compact only (delete would drop digests of objects that never"
-                " changed): set cleanup.policy=compact on it or name another topic in"
-                " checkpoint.kafka.topic"
+            raise ConfigError(
+                f"config error: checkpoint.kafka.topic {self.topic!r}: the topic has"
+                f" cleanup.policy={policy or '?'}; a checkpoint topic must be compact only"
+                " (delete would drop the digests of objects that never change): set"
+                " cleanup.policy=compact on it or name another topic"
             )
         [described] = await admin.describe_topics([self.topic])
         partitions = len(described.get("partitions") or ())
         if partitions != 1:
-            raise CheckpointError(
-                f"{self.where}: the topic has {partitions} partitions; a checkpoint topic has"
-                " one (its watermarks must follow their digests in one log): name another"
-                " topic in checkpoint.kafka.topic"
+            raise ConfigError(
+                f"config error: checkpoint.kafka.topic {self.topic!r}: the topic has"
+                f" {partitions} partitions; a checkpoint topic has one (its watermarks must"
+                " follow their digests in one log): name another topic"
             )
 
     async def _read(self, only: bytes | None) -> dict[bytes, _Rows]:

@@ -24,7 +24,7 @@ from bridge.checkpoints.base import Checkpoint
 from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
-from bridge.errors import CheckpointError
+from bridge.errors import CheckpointError, ConfigError
 from tests.e2e.bridge_process import BridgeProcess, kill9, until, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
@@ -89,15 +89,15 @@ async def test_an_existing_topic_that_cannot_hold_a_checkpoint_is_refused_in_one
 ) -> None:
     """Retention would delete the digests of objects that never change (and their
     deletes would never be published); several partitions would let a watermark
-    overtake its digests."""
+    overtake its digests. A person must act: a configuration error, not retried."""
     topic = f"cp-{uuid.uuid4().hex[:8]}"
     await create_topic(real_kafka.bootstrap, topic, partitions, **configs)
     s = store(real_kafka.bootstrap, topic)
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(ConfigError) as caught:
         await s.open()
     await s.close()
     message = str(caught.value)
-    assert "\n" not in message
+    assert "\n" not in message and message.startswith("config error: checkpoint.kafka.topic")
     assert repr(topic) in message and says in message and "checkpoint.kafka.topic" in message
 
 
