@@ -90,6 +90,24 @@ class BulkCheckpoint(Generic[R]):
 
 
 @runtime_checkable
+class ListableStore(Protocol):
+    """A store that names the resource ids it holds a checkpoint for.
+
+    Re-sharding needs it (bridge/delivery/reshard.py): a shard starting under a new
+    layout finds the checkpoints the old layout's shards left of the same resource.
+    A store is *shared* (every replica reads the same ids) unless it says
+    ``per_replica = True`` (a SQLite file on one replica's disk).
+    """
+
+    async def resource_ids(self) -> list[str]: ...
+
+
+def is_per_replica(store: CheckpointStore) -> bool:
+    """The store lives with one replica (its checkpoints are invisible to the others)."""
+    return bool(getattr(store, "per_replica", False))
+
+
+@runtime_checkable
 class BulkLoader(Protocol):
     """A store that reads a restart's checkpoint without a ``Digest`` per row."""
 

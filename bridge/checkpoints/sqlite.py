@@ -76,6 +76,9 @@ _CHUNK = 10_000
 
 
 class SqliteCheckpointStore:
+    # One replica's file: a re-sharded layout cannot see the other replicas' rows.
+    per_replica = True
+
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = str(path)
         self.read_only = read_only
@@ -208,6 +211,16 @@ class SqliteCheckpointStore:
             return Checkpoint(row[0] if row is not None else "", digests)
 
         return await self._run(_load)
+
+    async def resource_ids(self) -> list[str]:
+        def _ids(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT resource_id FROM watermarks UNION SELECT DISTINCT resource_id FROM digests"
+                " ORDER BY 1"
+            )
+            return [r[0] for r in rows]
+
+        return await self._run(_ids)
 
     async def load_bulk(
         self, resource_id: str, convert: RowConverter[R]

@@ -26,6 +26,7 @@ from bridge.delivery.changes import ChangeDetector
 from bridge.delivery.filters import Filter
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
+from bridge.delivery.reshard import sharded_id
 from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 from bridge.errors import (
     BridgeError,
@@ -96,6 +97,10 @@ class BridgeApp:
         self.checkpoints = checkpoints or build_checkpoints(settings)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        sh = settings.sharding
+        self.metrics.shard_info.labels(
+            by=sh.by, shard=str(sh.shard_index), shards=str(sh.shards)
+        ).set(1)
         self.pipelines: list[ResourcePipeline] = []
         # The configured resource each pipeline serves, for snapshot signals.
         self.served: list[tuple[ResourceSettings, ResourcePipeline]] = []
@@ -211,6 +216,7 @@ class BridgeApp:
         )
         pipelines = []
         self.served, self.heartbeats = [], []
+        shard = s.sharding.range()
         for r in resolved:
             res, info = r.settings, r.info
             fingerprinter = resource_fingerprinter(res)
@@ -226,9 +232,15 @@ class BridgeApp:
                     label_selector=res.label_selector,
                     field_selector=res.field_selector,
                     decoder=object_decoder(fingerprinter, builder, filter),
+                    shard=shard,
                 )
+                rid = resource_id(info, ns, res)
+                if shard is not None:
+                    # Each slice keeps its own watermark and digests.
+                    sh = s.sharding
+                    rid = sharded_id(rid, shard.field, sh.shard_index, sh.shards)
                 pipeline = ResourcePipeline(
-                    resource_id=resource_id(info, ns, res),
+                    resource_id=rid,
                     lw=lw,
                     detector=ChangeDetector(fingerprinter),
                     builder=builder,
