@@ -33,6 +33,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="ignore sendInitialEvents, like a server without streaming lists",
     )
     p.add_argument(
+        "--no-sharded-list-watch",
+        action="store_true",
+        help="ignore shardSelector, like a server with the ShardedListAndWatch gate off",
+    )
+    p.add_argument(
         "--expired-mode",
         choices=["event", "http"],
         default="event",
@@ -53,6 +58,7 @@ async def serve(args: argparse.Namespace) -> None:
         history_limit=args.history_limit,
         watch_list=not args.no_watch_list,
         expired_mode=args.expired_mode,
+        sharded_list_watch=not args.no_sharded_list_watch,
     )
     emu.register_resource(
         group="example.com", version="v1", kind="Widget", plural="widgets", short_names=["wd"]

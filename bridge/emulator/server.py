@@ -27,6 +27,7 @@ from bridge.emulator.chaos import Chaos, ExpiredMode
 from bridge.emulator.patching import APPLY, apply_patch
 from bridge.emulator.resources import Registry, ResourceType, builtin_resources
 from bridge.emulator.selectors import combine, parse_field_selector, parse_label_selector
+from bridge.emulator.sharding import ShardSelector, parse_shard_selector
 from bridge.emulator.store import (
     Body,
     Store,
@@ -145,11 +146,15 @@ class Emulator:
         history_limit: int | None = None,
         watch_list: bool = True,
         expired_mode: Literal["event", "http"] = "event",
+        sharded_list_watch: bool = True,
     ) -> None:
         self.host = host
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.watch_list = watch_list
+        # The ShardedListAndWatch gate: False ignores shardSelector (a server with the
+        # gate off, or older than 1.36: everything is sent, nothing echoed).
+        self.sharded_list_watch = sharded_list_watch
         self.user = "emulator-admin"
         # With watch_list=False: True answers sendInitialEvents with 422 (a 1.27-1.31 server
         # with the WatchList gate off); False ignores it (a server that predates it).
@@ -568,6 +573,13 @@ class Emulator:
             parse_field_selector(query.get("fieldSelector"), res.selectable_fields),
         )
 
+    def _shard(self, query: dict[str, str]) -> ShardSelector | None:
+        """The request's shard selector; parsed, as the server does, after the
+        request's other options were validated (its store parses it)."""
+        if not self.sharded_list_watch:
+            return None
+        return parse_shard_selector(query.get("shardSelector"))
+
     def _list_items(self, target: _Target, query: dict[str, str]) -> builtins.list[Body]:
         items, _, _, _ = self.store.list_objects(
             target.res, target.namespace, self._matcher(target.res, query)
@@ -603,6 +615,9 @@ class Emulator:
         limit = int(limit_raw) if limit_raw and limit_raw.isdigit() and int(limit_raw) > 0 else None
         cont = query.get("continue") or None
         self._validate_list_options(query)
+        shard = self._shard(query)
+        if shard is not None:
+            matcher = combine(matcher, shard.matcher())
         if cont and rv_raw not in ("", "0"):
             raise status.bad_request(
                 "specifying resource version is not allowed when using continue"
@@ -633,6 +648,8 @@ class Emulator:
             meta["continue"] = token
             if matcher is None and remaining is not None:
                 meta["remainingItemCount"] = remaining
+        if shard is not None:
+            meta["shardInfo"] = {"selector": shard.echo()}
         if as_table:
             return _json(table(res, items, meta, query.get("includeObject", "Metadata")))
         head = {"kind": res.list_kind, "apiVersion": res.api_version, "metadata": meta}
@@ -683,6 +700,9 @@ class Emulator:
         send_initial = self.watch_list and "sendInitialEvents" in query
         initial_events = send_initial and _truthy(query.get("sendInitialEvents"))
         self._validate_watch_options(query)
+        shard = self._shard(query)
+        if shard is not None:
+            matcher = combine(matcher, shard.matcher())
         encoder = TableWatchEncoder(query.get("includeObject", "Metadata")) if as_table else None
         watcher = Watcher(res, target.namespace, matcher, encoder)
         start_rv = store.rv
