@@ -1,9 +1,10 @@
 """One kind split across three ``k8s-bridge run`` processes (``sharding.by``: uid,
 namespace) against the emulator, beside one unsharded bridge: under churn (creates,
 updates, deletes, a compaction) the shards' streams together equal the unsharded
-one event for event, no object in two shards, none missing. The emulator is the
-server that ignores ``shardSelector`` until it serves it; either way the result is
-the same (tests/real/test_sharding_real.py runs the same against kube-apiserver)."""
+one event for event, no object in two shards, none missing; with the emulator
+ignoring ``shardSelector`` (the gate off) the same, filtered on the client with one
+warning per resource scope (tests/real/test_sharded_bridges_real.py runs the same
+against kube-apiserver)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 NAMESPACES = [f"team-{i}" for i in range(6)]
 
 
-@pytest.mark.parametrize("by", ["uid", "namespace"])
+@pytest.mark.parametrize(("by", "gate"), [("uid", "on"), ("namespace", "on"), ("uid", "off")])
 async def test_three_shards_together_publish_what_one_bridge_does(
-    tmp_path: Path, kubeconfig: Path, emulator: Emulator, by: ShardField
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, by: ShardField, gate: str
 ) -> None:
+    # Gate off: the emulator ignores shardSelector as kube-apiserver does without
+    # ShardedListAndWatch; the shards filter on the client.
+    emulator.sharded_list_watch = gate == "on"
     world = World(emulator, NAMESPACES, random.Random(26))
     for _ in range(30):
         world.create()
@@ -51,6 +55,9 @@ async def test_three_shards_together_publish_what_one_bridge_does(
         world.churn(60)
         await until_published([reference], world.final(), 60)
         await until_published(shards, world.final(), 60)
+        for b in shards:
+            warned = b.log.read_text().count("the API server ignores shardSelector")
+            assert warned == (0 if gate == "on" else len(NAMESPACES)), b.tail_log()
     finally:
         await asyncio.gather(*(b.stop() for b in everyone if b.proc is not None))
     # One pipeline per namespace: order holds per object, not across namespaces.
