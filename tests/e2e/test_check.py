@@ -221,3 +221,24 @@ async def test_a_checkpoint_held_by_a_live_process_is_read_not_failed(
     code, lines, err = await check(config)
     assert code == 0, lines
     assert "ok    checkpoint sqlite: opens" in lines
+
+
+@pytest.mark.parametrize("gate", ["on", "off"])
+async def test_a_sharded_config_says_whether_the_server_honours_the_selector(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer, gate: str
+) -> None:
+    emulator.sharded_list_watch = gate == "on"
+    config = nats_config(
+        tmp_path,
+        kubeconfig,
+        nats_control.url,
+        sharding={"by": "uid", "shards": 3, "shardIndex": 1},
+    )
+    code, lines, err = await check(config)
+    assert code == 0, (lines, err)
+    shard = [line for line in lines if " shard:" in line]
+    assert len(shard) == 3, lines  # one per resource: Pod, Secret, Widget
+    if gate == "on":
+        assert all("shardSelector honoured by the server for uid:5555-aaaa" in s for s in shard)
+    else:
+        assert all("NOT honoured" in s and "filtered on the client" in s for s in shard), shard
