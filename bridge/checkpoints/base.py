@@ -102,6 +102,23 @@ class ListableStore(Protocol):
     async def resource_ids(self) -> list[str]: ...
 
 
+@runtime_checkable
+class WatermarkReader(Protocol):
+    """A store that reads a resource's watermark without its digests (None: no
+    watermark stored). Re-sharding compares the watermarks of every layout's
+    checkpoints at each start; without it, each is a whole ``load``."""
+
+    async def watermark(self, resource_id: str) -> str | None: ...
+
+
+async def watermark_of(store: CheckpointStore, resource_id: str) -> str | None:
+    """The stored watermark of ``resource_id`` (None: never committed), from any store."""
+    if isinstance(store, WatermarkReader):
+        return await store.watermark(resource_id)
+    checkpoint = await store.load(resource_id)
+    return None if checkpoint is None else checkpoint.resource_version
+
+
 def is_per_replica(store: CheckpointStore) -> bool:
     """The store lives with one replica (its checkpoints are invisible to the others)."""
     return bool(getattr(store, "per_replica", False))

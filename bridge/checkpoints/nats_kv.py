@@ -168,6 +168,16 @@ class NatsKvCheckpointStore:
             return None
         return Checkpoint(watermark or "", digests)
 
+    async def watermark(self, resource_id: str) -> str | None:
+        kv, _ = self._parts()
+        try:
+            entry = await kv.get(f"{_enc(resource_id)}.w")
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise CheckpointError(f"{self.where}: cannot read {resource_id}: {exc!r}") from exc
+        return _watermark(entry.value)
+
     async def resource_ids(self) -> list[str]:
         """Every resource id with a watermark (a resource whose first commit has landed).
 

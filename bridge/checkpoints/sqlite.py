@@ -212,6 +212,15 @@ class SqliteCheckpointStore:
 
         return await self._run(_load)
 
+    async def watermark(self, resource_id: str) -> str | None:
+        def _get(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT resource_version FROM watermarks WHERE resource_id = ?", (resource_id,)
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(_get)
+
     async def resource_ids(self) -> list[str]:
         def _ids(conn: sqlite3.Connection) -> list[str]:
             rows = conn.execute(

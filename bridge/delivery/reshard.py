@@ -31,7 +31,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bridge.checkpoints.base import CheckpointStore, ListableStore, is_per_replica
+from bridge.checkpoints.base import (
+    CheckpointStore,
+    ListableStore,
+    is_per_replica,
+    watermark_of,
+)
 from bridge.delivery.changes import Digest
 from bridge.errors import ConfigError
 from bridge.kube.sharding import ShardField, ShardRange, shard_range
@@ -97,8 +102,8 @@ def _rank(watermark: str) -> int:
 
 
 async def _watermark(store: CheckpointStore, resource_id: str) -> int | None:
-    checkpoint = await store.load(resource_id)
-    return None if checkpoint is None else _rank(checkpoint.resource_version)
+    mark = await watermark_of(store, resource_id)
+    return None if mark is None else _rank(mark)
 
 
 async def adopt_layout(store: CheckpointStore, resource_id: str, *, label: str) -> bool:
@@ -116,8 +121,7 @@ async def adopt_layout(store: CheckpointStore, resource_id: str, *, label: str) 
     ]
     if not others:
         return False
-    own = await store.load(resource_id)
-    own_mark = _rank(own.resource_version) if own is not None else None
+    own_mark = await _watermark(store, resource_id)
     sources: list[_Source] = []
     for rid in others:
         mark = await _watermark(store, rid)
@@ -135,6 +139,7 @@ async def adopt_layout(store: CheckpointStore, resource_id: str, *, label: str) 
             " nats-kv or kafka); or go back to the earlier layout, or delete the file to"
             " start over (every object is published again as added)"
         )
+    own = await store.load(resource_id)
     if own is not None:
         sources.append(_Source(resource_id, mine, own_mark if own_mark is not None else -1))
     # Newest first; on a tie the shard's own checkpoint wins (it is this slice's own).
