@@ -45,8 +45,9 @@ from bridge.kube.objects import RawObject
 from bridge.kube.rawjson import IncompleteJSON
 
 # Decodes one item's bytes; ValueError if they are not one, IncompleteJSON (or
-# orjson's "unexpected end of data") if they end inside it.
-ItemDecoder = Callable[[bytearray], RawObject]
+# orjson's "unexpected end of data") if they end inside it. None: a whole item
+# nobody wants (outside a shard, bridge/kube/shardfilter.py), left out.
+ItemDecoder = Callable[[bytearray], RawObject | None]
 
 __all__ = ["ListBody", "ListBodyError", "ListSplitter"]
 
@@ -359,7 +360,8 @@ class ListSplitter:
         except ValueError as e:
             self._pos = start
             raise self._bad(f"undecodable item: {e}") from None
-        out.append(obj)
+        if obj is not None:
+            out.append(obj)
         if end - start > self._largest:
             self._largest = end - start
         self._item_end = end
@@ -401,7 +403,8 @@ class ListSplitter:
                     p = find(pattern, p + 1)
                     continue
                 break  # overshot an item that ended earlier, or a malformed one
-            out.append(obj)
+            if obj is not None:
+                out.append(obj)
             if p + 1 - item > self._largest:
                 self._largest = p + 1 - item
             item = p + 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar, cast
 
@@ -11,14 +11,12 @@ import orjson
 from bridge.errors import NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
-from bridge.kube.liststream import ListBody
-from bridge.kube.objects import ListResponse, RawObject, WatchEvent
+from bridge.kube.liststream import ItemDecoder, ListBody
+from bridge.kube.objects import ListResponse, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
+from bridge.kube.shardfilter import ShardedListBody, ShardFilter
 from bridge.kube.sharding import ShardRange
-from bridge.logging import get_logger
-
-log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -39,10 +37,10 @@ class ListWatch:
     page whose ``metadata.shardInfo.selector`` echoes it was filtered by the server
     and is trusted; any other page is filtered here with the same hash. A watch
     carries no echo (not even the initial-events-end bookmark of a streaming list),
-    so its objects are always checked, which costs a hash of one short string per
-    event and keeps the result exact behind API servers that disagree (a rolling
-    upgrade, the gate on some and off others). Deletes of objects outside the
-    shard never came in, so dropping them loses nothing; bookmarks always pass.
+    so its objects are always checked (bridge/kube/shardfilter.py), which keeps the
+    result exact behind API servers that disagree (a rolling upgrade, the gate on
+    some and off others). Before a watch, a ListWatch that has not listed yet asks
+    with a one-object LIST whether the server applies the selector.
     """
 
     def __init__(
@@ -64,7 +62,13 @@ class ListWatch:
         self.field_selector = field_selector
         self.shard = shard
         self.path = resource.path(namespace)
-        self._filter = _ShardFilter(shard, self) if shard is not None else None
+        self._filter = (
+            ShardFilter(
+                shard, resource=f"{resource.api_version}/{resource.plural}", namespace=namespace
+            )
+            if shard is not None
+            else None
+        )
 
     def __repr__(self) -> str:
         scope = self.namespace or "*"
@@ -160,16 +164,20 @@ class ListWatch:
     @asynccontextmanager
     async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
         params = self._list_params(options)
+        decode: ItemDecoder = self.decoder.object if self.decoder is not None else orjson.loads
+        f = self._filter
         async with self._opened(self.client.stream_body("GET", self.path, params)) as chunks:
+            if f is not None:
+                decode = f.item_decoder(decode, lambda: body.partial_metadata)
             body = ListBody(
                 chunks,
                 kind=self.resource.kind,
                 api_version=self.resource.api_version,
                 what=f"GET {self.path}",
-                decode=self.decoder.object if self.decoder is not None else orjson.loads,
+                decode=decode,
             )
             try:
-                yield body if self._filter is None else _ShardedListBody(body, self._filter)
+                yield body if f is None else ShardedListBody(body, f)
             finally:
                 # Its read-ahead task must let go of the body before the stream closes.
                 await body.aclose()
@@ -189,11 +197,13 @@ class ListWatch:
             params["sendInitialEvents"] = options.send_initial_events
         if options.resource_version_match:
             params["resourceVersionMatch"] = options.resource_version_match
+        decode: Callable[[bytes], Any] = (
+            self.decoder.watch_event if self.decoder is not None else orjson.loads
+        )
+        if self._filter is not None:
+            decode = self._filter.watch_decoder(decode)
         stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
-            "GET",
-            self.path,
-            params,
-            decode=self.decoder.watch_event if self.decoder is not None else orjson.loads,
+            "GET", self.path, params, decode=decode
         )
         if self._filter is None:
             return self._opened(stream)
@@ -201,132 +211,27 @@ class ListWatch:
 
     @asynccontextmanager
     async def _sharded_watch(
-        self, stream: AbstractAsyncContextManager[AsyncIterator[Any]], f: _ShardFilter
+        self, stream: AbstractAsyncContextManager[AsyncIterator[Any]], f: ShardFilter
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         if f.honoured is None:
-            await self._probe()
+            await self.probe_shard()
         async with self._opened(stream) as events:
             yield f.watch(events)
 
-    async def _probe(self) -> None:
-        """One LIST of at most one object, to learn from its echo whether the server
-        applies ``shardSelector`` before a watch that cannot say (a resumed watch, a
-        streaming list). Its errors are the watch's: the same request would fail."""
+    async def probe_shard(self) -> bool | None:
+        """``shard_honoured`` as one LIST of at most one object says (None without a
+        shard). A watch that cannot say (a resumed watch, a streaming list) asks this
+        first; ``check`` asks it too. Raises ``KubeError`` as that LIST would."""
+        if self._filter is None:
+            return None
         params: dict[str, str | int | bool] = {"limit": 1}
         self._selectors(params)
         try:
             result = await self.client.request_json("GET", self.path, params=params)
         except NotFoundError as e:
             raise self._not_served(e) from e
-        assert self._filter is not None
         self._filter.judge(result.get("metadata"))
-
-
-class _ShardFilter:
-    """The client side of a shard: the echo check and the filter, and what they found."""
-
-    __slots__ = ("_cache", "_field", "_lw", "dropped", "honoured", "shard", "warned")
-
-    # uid -> in shard, so an object's updates hash it once; bounded (a namespace
-    # shard has few distinct values, a uid shard one per object).
-    _CACHE_MAX = 1 << 16
-
-    def __init__(self, shard: ShardRange, lw: ListWatch) -> None:
-        self.shard = shard
-        self._field = shard.field
-        self._lw = lw
-        self._cache: dict[str, bool] = {}
-        self.honoured: bool | None = None
-        self.dropped = 0
-        self.warned = False
-
-    def judge(self, metadata: Any) -> bool:
-        """Whether this LIST answer (its ``metadata``) echoes our selector: the server
-        filtered it. Remembered as ``honoured``; the first no warns, once."""
-        info = metadata.get("shardInfo") if isinstance(metadata, dict) else None
-        echoed = info.get("selector") if isinstance(info, dict) else None
-        honoured = echoed == self.shard.selector()
-        self._verdict(honoured, echoed)
-        return honoured
-
-    def _verdict(self, honoured: bool, echoed: object = None) -> None:
-        self.honoured = honoured
-        if honoured or self.warned:
-            return
-        self.warned = True
-        r = self._lw.resource
-        log.warning(
-            "the API server ignores shardSelector; filtering on the client "
-            "(feature gate ShardedListAndWatch off, or a server older than 1.36)",
-            resource=f"{r.api_version}/{r.plural}",
-            namespace=self._lw.namespace,
-            shard=self.shard.label(),
-            echoed=echoed,
-        )
-
-    def contains(self, obj: RawObject) -> bool:
-        md = obj.get("metadata")
-        value = (md.get(self._field) if isinstance(md, dict) else None) or ""
-        inside = self._cache.get(value)
-        if inside is None:
-            if len(self._cache) >= self._CACHE_MAX:
-                self._cache.clear()
-            inside = self._cache[value] = self.shard.contains(value)
-        return inside
-
-    def keep(self, items: list[RawObject]) -> list[RawObject]:
-        kept = [o for o in items if self.contains(o)]
-        self.dropped += len(items) - len(kept)
-        return kept
-
-    async def watch(self, events: AsyncIterator[WatchEvent]) -> AsyncIterator[WatchEvent]:
-        contains = self.contains
-        async for event in events:
-            kind = event.get("type")
-            if kind in ("ADDED", "MODIFIED", "DELETED") and not contains(event["object"]):
-                self.dropped += 1
-                if self.honoured is not False:
-                    # The server sent what the selector excludes: it did not apply it.
-                    self._verdict(False)
-                continue
-            yield event
-
-
-class _ShardedListBody:
-    """A LIST answer of a shard: trusted when its metadata echoes the selector (the
-    real server writes metadata before items, so that is known at the first batch),
-    filtered here otherwise."""
-
-    def __init__(self, body: ListBody, f: _ShardFilter) -> None:
-        self._body = body
-        self._filter = f
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self._body.metadata
-
-    @property
-    def draining(self) -> bool:
-        return self._body.draining
-
-    def pace_until(self, deadline: float) -> None:
-        self._body.pace_until(deadline)
-
-    def __aiter__(self) -> AsyncIterator[list[RawObject]]:
-        return self._batches()
-
-    async def _batches(self) -> AsyncIterator[list[RawObject]]:
-        f = self._filter
-        trusted = False
-        async for batch in self._body:
-            if not trusted:
-                trusted = self._echoed()
-            yield batch if trusted else f.keep(batch)
-        f.judge(self._body.metadata)
-
-    def _echoed(self) -> bool:
-        info = self._body.partial_metadata.get("shardInfo")
-        return isinstance(info, dict) and info.get("selector") == self._filter.shard.selector()
+        return self._filter.honoured
 
 
 def list_watches_for(

@@ -13,9 +13,10 @@ The field never changes for an object, so an object never moves between shards.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 ShardField = Literal["uid", "namespace"]
 SHARD_FIELDS: tuple[ShardField, ...] = get_args(ShardField)
@@ -110,19 +111,19 @@ def shard_ranges(shards: int, field: ShardField) -> list[ShardRange]:
     return [shard_range(shards, i, field) for i in range(shards)]
 
 
+_ONE_RANGE = re.compile(
+    r"""\s*shardRange\(\s*object\.metadata\.(uid|namespace)\s*,"""
+    r"""\s*(['"])(0x[0-9a-f]{1,17})\2\s*,\s*(['"])(0x[0-9a-f]{1,17})\4\s*\)\s*"""
+)
+
+
 def parse_selector(selector: str) -> ShardRange | None:
-    """The one range of a selector this module wrote (or the server echoed), or
-    None for anything else (several ranges joined with ``||``, another spelling)."""
-    for field, path in FIELD_PATHS.items():
-        prefix = f"shardRange({path}, '"
-        if not selector.startswith(prefix) or not selector.endswith("')"):
-            continue
-        bounds = selector[len(prefix) : -2].split("', '")
-        if len(bounds) != 2 or not all(b.startswith("0x") for b in bounds):
-            return None
-        try:
-            start, end = (int(b, 16) for b in bounds)
-            return ShardRange(field, start, end)
-        except ValueError:
-            return None
-    return None
+    """The one range of a selector (in any CEL spelling of one ``shardRange`` call), or
+    None for anything else (several ranges joined with ``||``, another field)."""
+    m = _ONE_RANGE.fullmatch(selector)
+    if m is None:
+        return None
+    try:
+        return ShardRange(cast(ShardField, m.group(1)), int(m.group(3), 16), int(m.group(5), 16))
+    except ValueError:
+        return None

@@ -28,6 +28,7 @@ import pytest
 
 from bridge.emulator import Emulator
 from bridge.kube.objects import INITIAL_EVENTS_END_ANNOTATION
+from bridge.kube.sharding import fnv1a64
 from tests.fixtures.kube import KubeCluster
 
 Body = dict[str, Any]
@@ -129,6 +130,22 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
         yield Api("emulator", emu.url, ns, "emulator", False, emulator=emu)
         return
     cluster: KubeCluster = request.getfixturevalue("kube_cluster")
+    ns = request.getfixturevalue("kube_namespace")
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    yield Api("real", cluster.url, ns, cluster.admin_token, ctx, cluster=cluster)
+
+
+@pytest.fixture(params=["emulator", "real"])
+def unsharded(request: pytest.FixtureRequest) -> Iterator[Api]:
+    """``api`` with the ShardedListAndWatch gate off: it ignores shardSelector."""
+    if request.param == "emulator":
+        emu: Emulator = request.getfixturevalue("emulator")
+        emu.sharded_list_watch = False
+        ns = f"conf-{uuid.uuid4().hex[:8]}"
+        emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        yield Api("emulator", emu.url, ns, "emulator", False, emulator=emu)
+        return
+    cluster: KubeCluster = request.getfixturevalue("kube_cluster_unsharded")
     ns = request.getfixturevalue("kube_namespace")
     ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
     yield Api("real", cluster.url, ns, cluster.admin_token, ctx, cluster=cluster)
@@ -775,3 +792,164 @@ async def test_discovery_documents_name_what_the_bridge_reads(api: Api) -> None:
     assert (apps_v1["kind"], apps_v1["apiVersion"]) == ("APIResourceList", "v1")
     deployments = next(r for r in apps_v1["resources"] if r["name"] == "deployments")
     assert (deployments["kind"], deployments["namespaced"]) == ("Deployment", True)
+
+
+# -- shardSelector (KEP-5866, gate ShardedListAndWatch) ---------------------------------
+
+UID = "object.metadata.uid"
+
+
+def shard(field_path: str, start: int, end: int) -> str:
+    return f"shardRange({field_path}, '0x{start:016x}', '0x{end:016x}')"
+
+
+async def test_shard_selector_filters_lists_and_echoes_the_selector(api: Api) -> None:
+    made = {api.create_cm(f"cm{i}")["metadata"]["uid"]: f"cm{i}" for i in range(8)}
+    halves = [shard(UID, 0, 1 << 63), shard(UID, 1 << 63, 1 << 64)]
+    seen: list[str] = []
+    for selector, low in zip(halves, (True, False), strict=True):
+        code, body = await get(api, api.cm_path(), shardSelector=selector)
+        assert code == 200
+        assert body["metadata"]["shardInfo"] == {"selector": selector}
+        expected = sorted(n for u, n in made.items() if (fnv1a64(u.encode()) < 1 << 63) == low)
+        assert names(body["items"]) == expected
+        seen += expected
+    assert sorted(seen) == sorted(made.values())
+    # Every page echoes it; a sharded page has no remainingItemCount (nothing counted).
+    code, page = await get(api, api.cm_path(), shardSelector=halves[0], limit="1")
+    assert code == 200 and page["metadata"]["shardInfo"] == {"selector": halves[0]}
+    assert "remainingItemCount" not in page["metadata"]
+    # Any CEL spelling is accepted and echoed in the canonical one; "" is no selector.
+    loose = halves[0].replace(", ", ",").replace("'", '"')
+    code, body = await get(api, api.cm_path(), shardSelector=loose)
+    assert code == 200 and body["metadata"]["shardInfo"] == {"selector": halves[0]}
+    code, body = await get(api, api.cm_path(), shardSelector="")
+    assert code == 200 and "shardInfo" not in body["metadata"] and len(body["items"]) == 8
+    # Several ranges of one field, joined with ||.
+    quarters = f"{shard(UID, 0, 1 << 62)} || {shard(UID, 1 << 63, 3 << 62)}"
+    code, body = await get(api, api.cm_path(), shardSelector=quarters)
+    assert code == 200 and body["metadata"]["shardInfo"] == {"selector": quarters}
+    assert names(body["items"]) == sorted(
+        n for u, n in made.items() if fnv1a64(u.encode()) >> 62 in (0, 2)
+    )
+
+
+async def test_shard_selector_filters_watches_and_streaming_lists(api: Api) -> None:
+    # The namespace field: this test's objects all hash alike, so one half has them all.
+    ns_hash = fnv1a64(api.namespace.encode())
+    mine = shard("object.metadata.namespace", 0, 1 << 63)
+    other = shard("object.metadata.namespace", 1 << 63, 1 << 64)
+    if ns_hash >= 1 << 63:
+        mine, other = other, mine
+    first = api.create_cm("a")
+    async with (
+        watch(api, api.cm_path(), resourceVersion=str(rv_of(first)), shardSelector=mine) as w,
+        watch(
+            api, api.cm_path(), resourceVersion=str(rv_of(first)), shardSelector=other,
+            allowWatchBookmarks="true", timeoutSeconds="2",
+        ) as empty,
+    ):  # fmt: skip
+        api.create_cm("b")
+        api.delete_cm("a")
+        events = [await w.next(), await w.next()]
+        nothing = [e for _, e in await empty.until_close()]
+    assert kinds_and_names(events) == [("ADDED", "b"), ("DELETED", "a")]
+    assert [e for e in nothing if e["type"] != "BOOKMARK"] == []
+    # A streaming list: the initial events are the shard's; the end bookmark carries only
+    # the annotation (no echo: a client learns whether it was honoured from a LIST).
+    params = {
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+    }
+    for selector, expected in ((mine, [("ADDED", "b")]), (other, [])):
+        async with watch(api, api.cm_path(), shardSelector=selector, **params) as w:
+            initial = [await w.next() for _ in range(len(expected) + 1)]
+        assert kinds_and_names(initial[:-1]) == expected
+        end = initial[-1]
+        assert end["type"] == "BOOKMARK"
+        assert end["object"]["metadata"]["annotations"] == {INITIAL_EVENTS_END_ANNOTATION: "true"}
+        assert set(end["object"]["metadata"]) == {"resourceVersion", "annotations"}
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        (" ", "empty shard selector is not allowed; omit the parameter for unfiltered lists"),
+        (
+            f"shardRange({UID}, '0x0', '0x8000000000000000')",
+            'hexStart must be a 0x-prefixed 16-digit hex value, got "0x0" '
+            '(did you mean "0x0000000000000000"?)',
+        ),
+        (
+            "shardRange(object.metadata.name, '0x0000000000000000', '0x8000000000000000')",
+            'unsupported field path "object.metadata.name"; supported: object.metadata.uid, '
+            "object.metadata.namespace",
+        ),
+        (
+            shard(UID, 1 << 63, 0),
+            "shard range start 0x8000000000000000 must be less than end 0x0000000000000000",
+        ),
+        (
+            f"shardRange({UID}, '0x8000000000000000')",
+            "shardRange() requires exactly 3 arguments, got 2",
+        ),
+        (
+            f"{shard(UID, 0, 1 << 63)} || {shard('object.metadata.namespace', 0, 1 << 63)}",
+            'all shard ranges must use the same field, got "object.metadata.uid" and '
+            '"object.metadata.namespace"',
+        ),
+        ("x && y", 'unsupported function "_&&_"; only shardRange() and || are allowed'),
+        (
+            f"shardRange({UID}, '0XAB', '0x8000000000000000')",
+            "hexStart must have '0x' prefix, got \"0XAB\"",
+        ),
+        (
+            f"shardRange({UID}, '0x000000000000000G', '0x8000000000000000')",
+            'hexStart: invalid hex character "G" in "0x000000000000000G"',
+        ),
+        (
+            f"shardRange({UID}, '0x20000000000000000', '0x8000000000000000')",
+            "hexStart: 17-digit hex value must be '0x10000000000000000' (2^64), got "
+            '"0x20000000000000000"',
+        ),
+        (
+            f"shardRange({UID}, 1, '0x8000000000000000')",
+            "hexStart must be a string literal, got int64",
+        ),
+        ("foo(", "CEL parse error: Syntax error: mismatched input"),
+    ],
+)
+async def test_bad_shard_selectors_are_500_on_list_and_watch(
+    api: Api, selector: str, message: str
+) -> None:
+    # The store's parse error reaches the handler untranslated: a 500 without reason.
+    for extra in ({}, {"watch": "1"}):
+        code, body = await get(api, api.cm_path(), shardSelector=selector, **extra)
+        assert code == 500, body
+        assert body["kind"] == "Status" and body["status"] == "Failure" and body["code"] == 500
+        assert "reason" not in body
+        if message.startswith("CEL parse error"):
+            # By design: cel-go's syntax messages are not reproduced, only their start.
+            assert body["message"].startswith(f"invalid shard selector: {message}")
+        else:
+            assert body["message"] == f"invalid shard selector: {message}"
+
+
+async def test_without_the_gate_shard_selector_is_ignored(unsharded: Api) -> None:
+    api = unsharded
+    for i in range(3):
+        api.create_cm(f"cm{i}")
+    for selector in (shard(UID, 0, 1), " ", "foo("):
+        code, body = await get(api, api.cm_path(), shardSelector=selector, limit="2")
+        assert code == 200, body
+        assert "shardInfo" not in body["metadata"]
+        assert names(body["items"]) == ["cm0", "cm1"]
+        assert body["metadata"]["remainingItemCount"] == 1
+    async with watch(api, api.cm_path(), shardSelector=shard(UID, 0, 1), resourceVersion="") as w:
+        initial = [await w.next() for _ in range(3)]
+    assert sorted(kinds_and_names(initial)) == [
+        ("ADDED", "cm0"),
+        ("ADDED", "cm1"),
+        ("ADDED", "cm2"),
+    ]
