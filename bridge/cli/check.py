@@ -96,8 +96,8 @@ async def shard_selector_check(
         shard=shard,
     )
     async with asyncio.timeout(timeout):
-        await lw.list(ListOptions(limit=1))
-    if lw.shard_honoured:
+        honoured = await lw.probe_shard()
+    if honoured:
         return f"shardSelector honoured by the server for {shard.label()}"
     return (
         f"shardSelector NOT honoured (gate ShardedListAndWatch off or a server older than"
