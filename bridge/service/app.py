@@ -26,7 +26,6 @@ from bridge.delivery.changes import ChangeDetector
 from bridge.delivery.filters import Filter
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
-from bridge.delivery.reshard import sharded_id
 from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
 from bridge.errors import (
     BridgeError,
@@ -51,10 +50,10 @@ from bridge.service.settings import ResourceSettings, Settings, resources_for_sh
 from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
+    checkpoint_id,
     event_builder,
     object_decoder,
     resource_fingerprinter,
-    resource_id,
 )
 from bridge.sinks.base import Sink
 
@@ -234,13 +233,8 @@ class BridgeApp:
                     decoder=object_decoder(fingerprinter, builder, filter),
                     shard=shard,
                 )
-                rid = resource_id(info, ns, res)
-                if shard is not None:
-                    # Each slice keeps its own watermark and digests.
-                    sh = s.sharding
-                    rid = sharded_id(rid, shard.field, sh.shard_index, sh.shards)
                 pipeline = ResourcePipeline(
-                    resource_id=rid,
+                    resource_id=checkpoint_id(s, info, ns, res),
                     lw=lw,
                     detector=ChangeDetector(fingerprinter),
                     builder=builder,
