@@ -14,7 +14,12 @@ from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.protocols import ListOptions
 from bridge.kube.sharding import ShardRange
-from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service.settings import (
+    ResourceSettings,
+    Settings,
+    lease_name,
+    resources_for_shard,
+)
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -221,14 +226,13 @@ async def _check_lease(settings: Settings, client: KubeClient, report: _Report) 
         report.ok(ns_what, "not verified (get on namespaces is not granted; run needs none)")
     except BridgeError as e:
         report.fail(ns_what, f"cannot read it: {e}")
-    what = f"leader election lease {le.namespace}/{le.lease_name}"
+    name = lease_name(settings)
+    what = f"leader election lease {le.namespace}/{name}"
     group, plural = "coordination.k8s.io", "leases"
     denied: list[str] = []
     for verb, named in _LEASE_VERBS:
         try:
-            allowed = await may(
-                client, verb, group, plural, le.namespace, le.lease_name if named else None
-            )
+            allowed = await may(client, verb, group, plural, le.namespace, name if named else None)
         except BridgeError as e:
             report.fail(what, f"access review failed: {e}")
             return

@@ -46,7 +46,12 @@ from bridge.service.control import control_auth
 from bridge.service.health import HealthServer
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
-from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service.settings import (
+    ResourceSettings,
+    Settings,
+    lease_name,
+    resources_for_shard,
+)
 from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
@@ -474,7 +479,7 @@ class BridgeApp:
         elector = LeaderElector(
             KubeLeaseClient(self.client),
             namespace=le.namespace,
-            name=le.lease_name,
+            name=lease_name(self.settings),
             identity=le.identity or os.environ.get("POD_NAME") or default_identity(),
             lease_duration=le.lease_duration,
             renew_deadline=le.renew_deadline,

@@ -610,6 +610,16 @@ def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
     return [r for r in settings.resources if shard_of(r.gvk, shards) == index]
 
 
+def lease_name(settings: Settings) -> str:
+    """The Lease this replica elects on. Shards of one kind (``sharding.by`` uid or
+    namespace) each need a leader of their own: ``<leaseName>-shard-<shardIndex>``,
+    so a standby takes over its own shard and never holds another's slice back."""
+    name = settings.leader_election.lease_name
+    if settings.sharding.range() is None:
+        return name
+    return f"{name}-shard-{settings.sharding.shard_index}"
+
+
 def shard_of(identity: str, shards: int) -> int:
     digest = hashlib.sha256(identity.encode()).digest()
     return int.from_bytes(digest[:8], "big") % shards

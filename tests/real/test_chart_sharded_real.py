@@ -4,7 +4,7 @@ standby per shard.
 ``helm install`` stores two StatefulSets (nothing runs: no kubelet, no
 controllers). The pods are then run as their env says they would be: the
 rendered config, the chart's ServiceAccount token, ``BRIDGE_SHARDING__SHARDINDEX``
-the pod index and the Lease ``<fullname>-shard-<index>``: pod 0 and 1 of the
+the pod index, so the bridge elects on ``<fullname>-shard-<index>``: pod 0 and 1 of the
 first set and pod 0 of the standby set. Each shard has one leader under the
 chart's Lease rules, the standby waits, and the two leaders together publish
 every Pod once, each in the shard its uid hashes to.
@@ -81,7 +81,6 @@ async def test_sharded_standby_release_runs_one_leader_per_shard_on_its_lease(
             env = {
                 "BRIDGE_SHARDING__SHARDINDEX": str(index),
                 "BRIDGE_LEADERELECTION__IDENTITY": pod_name,
-                "BRIDGE_LEADERELECTION__LEASENAME": f"{fullname}-shard-{index}",
             }
             path = pod_config(kube_cluster, config, token, tmp_path / pod_name)
             bridges.append(BridgeProcess(path, keep_stdout=True, env=env))

@@ -410,6 +410,21 @@ def test_sharding_by_uid_or_namespace_serves_every_resource_its_slice(tmp_path: 
     assert load_settings(write(tmp_path, one), env={}).sharding.range() is None
 
 
+def test_each_shard_of_one_kind_elects_on_a_lease_of_its_own(tmp_path: Path) -> None:
+    from bridge.service.settings import lease_name
+
+    le = {"enabled": True, "leaseName": "bridge"}
+    data = {
+        **MINIMAL,
+        "leaderElection": le,
+        "sharding": {"by": "uid", "shards": 3, "shardIndex": 2},
+    }
+    assert lease_name(load_settings(write(tmp_path, data), env={})) == "bridge-shard-2"
+    # Resource sharding keeps the configured name (one deployment per shard names its own).
+    data["sharding"] = {"shards": 3, "shardIndex": 2}
+    assert lease_name(load_settings(write(tmp_path, data), env={})) == "bridge"
+
+
 def test_sharding_by_an_unknown_field_names_the_choices(tmp_path: Path) -> None:
     data = {**MINIMAL, "sharding": {"by": "name", "shards": 2}}
     assert error_of(write(tmp_path, data)) == (

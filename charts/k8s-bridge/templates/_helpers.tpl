@@ -167,8 +167,8 @@ list and watch, nothing else.
 
 {{/*
 The pod template of the Deployment and of the sharded StatefulSets. "shard": the
-pod's index (label apps.kubernetes.io/pod-index) is its shard index, and with a
-standby its Lease is <leaseName>-shard-<index>.
+pod's index (label apps.kubernetes.io/pod-index) is its shard index (with a
+standby, the bridge elects on <leaseName>-shard-<index> by itself).
 */}}
 {{- define "k8s-bridge.podTemplate" -}}
 {{- $shard := .shard -}}
@@ -224,10 +224,6 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.name
-        {{- if $shard }}
-        - name: BRIDGE_LEADERELECTION__LEASENAME
-          value: "{{ $le.leaseName }}-shard-$(POD_INDEX)"
-        {{- end }}
         {{- end }}
         {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}

@@ -349,7 +349,6 @@ def test_sharded_mode_runs_a_statefulset_whose_pod_index_is_the_shard(
         "metadata.labels['apps.kubernetes.io/pod-index']"
     )
     assert env["BRIDGE_SHARDING__SHARDINDEX"]["value"] == "$(POD_INDEX)"
-    assert "BRIDGE_LEADERELECTION__LEASENAME" not in env
     # Each shard its own SQLite volume; the chart owns shards and by.
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "state"
@@ -369,9 +368,7 @@ def test_sharded_standby_pairs_elect_on_a_lease_per_shard(helm_results: dict[str
         assert sts["spec"]["replicas"] == 4
         (container,) = sts["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}
-        assert env["BRIDGE_LEADERELECTION__LEASENAME"]["value"] == (
-            "bridge-k8s-bridge-shard-$(POD_INDEX)"
-        )
+        assert env["BRIDGE_SHARDING__SHARDINDEX"]["value"] == "$(POD_INDEX)"
         assert "volumeClaimTemplates" not in sts["spec"]
     (role,) = find(objs, "Role", "-leader-election")
     leases = tuple(f"bridge-k8s-bridge-shard-{i}" for i in range(4))
