@@ -72,6 +72,11 @@ async def test_three_shards_on_kube_apiserver_publish_what_one_bridge_does(
         await until_published([reference], world.final(), 90)
         await until_published(shards, world.final(), 90)
         for b in shards:
+            # The metrics follow the pipelines once a second.
+            async def said(b: BridgeProcess = b) -> bool:
+                return len(metric(await b.metrics(), "shard_selector_honoured")) == 2
+
+            await until(said, 10, b.tail_log)
             text = await b.metrics()
             if gate == "on":
                 # Server-side: the selector echoed for every namespace's pipeline,
