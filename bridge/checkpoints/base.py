@@ -90,6 +90,41 @@ class BulkCheckpoint(Generic[R]):
 
 
 @runtime_checkable
+class ListableStore(Protocol):
+    """A store that names the resource ids it holds a checkpoint for.
+
+    Re-sharding needs it (bridge/delivery/reshard.py): a shard starting under a new
+    layout finds the checkpoints the old layout's shards left of the same resource.
+    A store is *shared* (every replica reads the same ids) unless it says
+    ``per_replica = True`` (a SQLite file on one replica's disk).
+    """
+
+    async def resource_ids(self) -> list[str]: ...
+
+
+@runtime_checkable
+class WatermarkReader(Protocol):
+    """A store that reads a resource's watermark without its digests (None: no
+    watermark stored). Re-sharding compares the watermarks of every layout's
+    checkpoints at each start; without it, each is a whole ``load``."""
+
+    async def watermark(self, resource_id: str) -> str | None: ...
+
+
+async def watermark_of(store: CheckpointStore, resource_id: str) -> str | None:
+    """The stored watermark of ``resource_id`` (None: never committed), from any store."""
+    if isinstance(store, WatermarkReader):
+        return await store.watermark(resource_id)
+    checkpoint = await store.load(resource_id)
+    return None if checkpoint is None else checkpoint.resource_version
+
+
+def is_per_replica(store: CheckpointStore) -> bool:
+    """The store lives with one replica (its checkpoints are invisible to the others)."""
+    return bool(getattr(store, "per_replica", False))
+
+
+@runtime_checkable
 class BulkLoader(Protocol):
     """A store that reads a restart's checkpoint without a ``Digest`` per row."""
 

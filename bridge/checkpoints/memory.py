@@ -23,6 +23,13 @@ class MemoryCheckpointStore:
         # A copy, so the caller cannot change what is stored behind the store's back.
         return None if cp is None else Checkpoint(cp.resource_version, dict(cp.digests))
 
+    async def watermark(self, resource_id: str) -> str | None:
+        cp = self._data.get(resource_id)
+        return None if cp is None else cp.resource_version
+
+    async def resource_ids(self) -> list[str]:
+        return sorted(self._data)
+
     async def commit(
         self,
         resource_id: str,

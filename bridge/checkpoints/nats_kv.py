@@ -168,6 +168,28 @@ class NatsKvCheckpointStore:
             return None
         return Checkpoint(watermark or "", digests)
 
+    async def watermark(self, resource_id: str) -> str | None:
+        kv, _ = self._parts()
+        try:
+            entry = await kv.get(f"{_enc(resource_id)}.w")
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise CheckpointError(f"{self.where}: cannot read {resource_id}: {exc!r}") from exc
+        return _watermark(entry.value)
+
+    async def resource_ids(self) -> list[str]:
+        """Every resource id with a watermark (a resource whose first commit has landed).
+
+        Read from the watermark subjects alone (``*.w``: an encoded id holds no dot),
+        so a bucket of a million digests lists in one short read."""
+        try:
+            found = await self._last_values(f"{self._prefix}*.w")
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise CheckpointError(f"{self.where}: cannot list resources: {exc!r}") from exc
+        prefix = len(self._prefix)
+        return sorted(_dec(subject[prefix:].split(".", 1)[0]) for subject, _ in found)
+
     async def _read_digests(self, rid: str) -> dict[str, Digest]:
         """Every digest of one resource, read through a pull consumer.
 
@@ -177,6 +199,15 @@ class NatsKvCheckpointStore:
         load would see an empty bucket. A pull consumer's pending count is
         exact before the first fetch, and every message says how many follow.
         """
+        digests: dict[str, Digest] = {}
+        for subject, data in await self._last_values(f"{self._prefix}{rid}.d.>"):
+            key = _dec(subject.rsplit(".", 1)[1])
+            digests[key] = Digest(key, *orjson.loads(data))
+        return digests
+
+    async def _last_values(self, subjects: str) -> list[tuple[str, bytes]]:
+        """(subject, value) of every live key matching ``subjects``, read through a pull
+        consumer (see ``_read_digests``); deleted keys and markers left out."""
         if self._js is None:
             raise CheckpointError(f"{self.where}: store is not open")
         config = nats.js.api.ConsumerConfig(
@@ -184,10 +215,8 @@ class NatsKvCheckpointStore:
             ack_policy=nats.js.api.AckPolicy.NONE,
             inactive_threshold=60.0,
         )
-        sub = await self._js.pull_subscribe(
-            f"{self._prefix}{rid}.d.>", stream=f"KV_{self.bucket}", config=config
-        )
-        digests: dict[str, Digest] = {}
+        sub = await self._js.pull_subscribe(subjects, stream=f"KV_{self.bucket}", config=config)
+        found: list[tuple[str, bytes]] = []
         consumer = ""
         try:
             info = await sub.consumer_info()
@@ -199,15 +228,14 @@ class NatsKvCheckpointStore:
                     headers = msg.headers or {}
                     if _KV_OP in headers or _KV_MARKER in headers or not msg.data:
                         continue  # a deleted key (or a server-placed marker)
-                    key = _dec(msg.subject.rsplit(".", 1)[1])
-                    digests[key] = Digest(key, *orjson.loads(msg.data))
+                    found.append((msg.subject, msg.data))
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             if consumer:
                 with contextlib.suppress(Exception):
                     await self._js.delete_consumer(f"KV_{self.bucket}", consumer)
-        return digests
+        return found
 
     async def commit(
         self,

@@ -76,6 +76,9 @@ _CHUNK = 10_000
 
 
 class SqliteCheckpointStore:
+    # One replica's file: a re-sharded layout cannot see the other replicas' rows.
+    per_replica = True
+
     def __init__(
         self, path: str | Path, *, read_only: bool = False, sync_write_ahead: bool = True
     ) -> None:
@@ -215,6 +218,25 @@ class SqliteCheckpointStore:
             return Checkpoint(row[0] if row is not None else "", digests)
 
         return await self._run(_load)
+
+    async def watermark(self, resource_id: str) -> str | None:
+        def _get(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT resource_version FROM watermarks WHERE resource_id = ?", (resource_id,)
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(_get)
+
+    async def resource_ids(self) -> list[str]:
+        def _ids(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT resource_id FROM watermarks UNION SELECT DISTINCT resource_id FROM digests"
+                " ORDER BY 1"
+            )
+            return [r[0] for r in rows]
+
+        return await self._run(_ids)
 
     async def load_bulk(
         self, resource_id: str, convert: RowConverter[R]

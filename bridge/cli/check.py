@@ -13,7 +13,13 @@ from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
 from bridge.kube.protocols import ListOptions
-from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.kube.sharding import ShardRange
+from bridge.service.settings import (
+    ResourceSettings,
+    Settings,
+    lease_name,
+    resources_for_shard,
+)
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -76,6 +82,34 @@ async def trial_list(
     return None
 
 
+async def shard_selector_check(
+    client: KubeClient,
+    info: ResourceInfo,
+    namespace: str | None,
+    res: ResourceSettings,
+    shard: ShardRange,
+    timeout: float,
+) -> str:
+    """LIST one object of ``shard`` and say whether the server applied the selector
+    (its echo in the list metadata) or the bridge will filter on the client."""
+    lw = ListWatch(
+        client,
+        info,
+        namespace=namespace,
+        label_selector=res.label_selector,
+        field_selector=res.field_selector,
+        shard=shard,
+    )
+    async with asyncio.timeout(timeout):
+        honoured = await lw.probe_shard()
+    if honoured:
+        return f"shardSelector honoured by the server for {shard.label()}"
+    return (
+        f"shardSelector NOT honoured (gate ShardedListAndWatch off or a server older than"
+        f" 1.36): {shard.label()} is filtered on the client, the whole resource is received"
+    )
+
+
 class _Report:
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -125,6 +159,15 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
                 f"served as {info.plural} ({'namespaced' if info.namespaced else 'cluster-scoped'})",
             )
             scopes: list[str | None] = list(res.namespaces) or [None]
+            shard = settings.sharding.range()
+            if shard is not None:
+                try:
+                    detail = await shard_selector_check(
+                        client, info, scopes[0], res, shard, timeout
+                    )
+                    report.ok(f"{what} shard", detail)
+                except (BridgeError, TimeoutError) as e:
+                    report.fail(f"{what} shard", f"the sharded LIST fails: {e or 'timed out'}")
             if res.heartbeat_interval:
                 _check_heartbeat(settings, res, info, scopes, report)
             for ns in scopes:
@@ -189,14 +232,13 @@ async def _check_lease(settings: Settings, client: KubeClient, report: _Report) 
         report.ok(ns_what, "not verified (get on namespaces is not granted; run needs none)")
     except BridgeError as e:
         report.fail(ns_what, f"cannot read it: {e}")
-    what = f"leader election lease {le.namespace}/{le.lease_name}"
+    name = lease_name(settings)
+    what = f"leader election lease {le.namespace}/{name}"
     group, plural = "coordination.k8s.io", "leases"
     denied: list[str] = []
     for verb, named in _LEASE_VERBS:
         try:
-            allowed = await may(
-                client, verb, group, plural, le.namespace, le.lease_name if named else None
-            )
+            allowed = await may(client, verb, group, plural, le.namespace, name if named else None)
         except BridgeError as e:
             report.fail(what, f"access review failed: {e}")
             return

@@ -44,10 +44,10 @@ from bridge.service.settings import Settings
 from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
+    checkpoint_id,
     event_builder,
     object_decoder,
     resource_fingerprinter,
-    resource_id,
 )
 from bridge.sinks.base import Sink
 
@@ -159,6 +159,8 @@ async def replay(
             label_selector=res.label_selector,
             field_selector=res.field_selector,
             decoder=object_decoder(fingerprinter, builder, filter),
+            # A shard replays its own slice, against its own checkpoint.
+            shard=settings.sharding.range(),
         )
         await sink.start()
         await counter.start()
@@ -173,7 +175,7 @@ async def replay(
             )
         except ExpiredError:
             # The checkpoint is kept per configured scope: all namespaces in one, or one each.
-            rid = resource_id(info, namespace if res.namespaces else None, res)
+            rid = checkpoint_id(settings, info, namespace if res.namespaces else None, res)
             err.write(
                 f"resourceVersion {from_rv} of {info.plural} is no longer available on the "
                 f"API server (compacted, or older than its watch cache); publishing the difference between the current state "

@@ -20,6 +20,7 @@ from bridge.checkpoints.base import CheckpointStore, load_bulk
 from bridge.delivery.changes import CERTAIN, GONE, Change, ChangeKind, Digest, object_from_digest
 from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.outbox import Outbox
+from bridge.delivery.reshard import adopt_layout
 from bridge.kube.objects import CachedObject
 from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
 from bridge.kube.reflector import ReflectorSettings
@@ -72,7 +73,9 @@ async def resume(
     *,
     label: str,
 ) -> Resumption:
-    """Read the checkpoint of ``resource_id``: resume where the last run stopped."""
+    """Read the checkpoint of ``resource_id``: resume where the last run stopped; under a
+    new sharding layout, from the digests of the layouts before (bridge/delivery/reshard.py)."""
+    await adopt_layout(checkpoints, resource_id, label=label)
     # Nearly every row is certain with no earlier incarnation: straight to a record.
     checkpoint = await load_bulk(checkpoints, resource_id, records_of_rows)
     if checkpoint is None:

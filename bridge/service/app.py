@@ -47,14 +47,19 @@ from bridge.service.control import control_auth
 from bridge.service.health import HealthServer
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
-from bridge.service.settings import ResourceSettings, Settings, resources_for_shard
+from bridge.service.settings import (
+    ResourceSettings,
+    Settings,
+    lease_name,
+    resources_for_shard,
+)
 from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
+    checkpoint_id,
     event_builder,
     object_decoder,
     resource_fingerprinter,
-    resource_id,
     transactional_send,
 )
 from bridge.sinks.base import Sink
@@ -98,6 +103,10 @@ class BridgeApp:
         self.checkpoints = checkpoints or build_checkpoints(settings, self.sink)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        sh = settings.sharding
+        self.metrics.shard_info.labels(
+            by=sh.by, shard=str(sh.shard_index), shards=str(sh.shards)
+        ).set(1)
         self.pipelines: list[ResourcePipeline] = []
         # The configured resource each pipeline serves, for snapshot signals.
         self.served: list[tuple[ResourceSettings, ResourcePipeline]] = []
@@ -219,6 +228,7 @@ class BridgeApp:
         )
         pipelines = []
         self.served, self.heartbeats = [], []
+        shard = s.sharding.range()
         for r in resolved:
             res, info = r.settings, r.info
             fingerprinter = resource_fingerprinter(res)
@@ -234,8 +244,9 @@ class BridgeApp:
                     label_selector=res.label_selector,
                     field_selector=res.field_selector,
                     decoder=object_decoder(fingerprinter, builder, filter),
+                    shard=shard,
                 )
-                rid = resource_id(info, ns, res)
+                rid = checkpoint_id(s, info, ns, res)
                 pipeline = ResourcePipeline(
                     resource_id=rid,
                     lw=lw,
@@ -517,7 +528,7 @@ class BridgeApp:
         elector = LeaderElector(
             KubeLeaseClient(self.client),
             namespace=le.namespace,
-            name=le.lease_name,
+            name=lease_name(self.settings),
             identity=le.identity or os.environ.get("POD_NAME") or default_identity(),
             lease_duration=le.lease_duration,
             renew_deadline=le.renew_deadline,

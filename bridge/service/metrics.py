@@ -141,6 +141,34 @@ class Metrics:
             registry=registry,
         )
 
+        # One shard per replica: its number goes on one info series (joined on the
+        # instance), not as a label on every per-resource series, which would carry
+        # the same single value on each of them.
+        self.shard_info = Gauge(
+            "shard_info",
+            "1, labelled with this replica's slice: sharding.by, shard (index) and shards",
+            ["by", "shard", "shards"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.shard_selector_honoured = Gauge(
+            "shard_selector_honoured",
+            "1 when the API server applies shardSelector for the resource, 0 when the"
+            " bridge filters on the client (gate ShardedListAndWatch off, older server);"
+            " absent until a LIST answer says",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.shard_client_filtered = Counter(
+            "shard_client_filtered",
+            "Objects the API server sent although outside this replica's slice, dropped"
+            " here (client-side shard filtering)",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+
     def set_checkpoint(self, resource: str, resource_version: str) -> None:
         """Record a stored checkpoint; non-numeric resourceVersions leave the gauge unchanged
         (they are opaque by contract, numeric in every real API server)."""

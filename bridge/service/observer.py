@@ -42,6 +42,7 @@ class PipelineObserver:
         self._suppressed: dict[str, Counter[str]] = {}
         self._filter_errors: dict[str, int] = {}
         self._read_aheads: dict[str, int] = {}
+        self._client_filtered: dict[str, int] = {}
         self._synced: set[str] = set()
         self._started = clock()
         self._last_progress = clock()
@@ -63,6 +64,7 @@ class PipelineObserver:
                     self._read_aheads,
                     self.metrics.list_read_aheads,
                 )
+            self._sharding(p)
             if informer is not None:
                 self.metrics.cache_objects.labels(resource=p.label).set(len(informer.store))
             stats = p.stats
@@ -76,6 +78,16 @@ class PipelineObserver:
             )
             self._count(p.label, p.filter_errors, self._filter_errors, self.metrics.filter_errors)
             self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
+
+    def _sharding(self, p: ResourcePipeline) -> None:
+        lw = p.lister
+        if getattr(lw, "shard", None) is None:
+            return
+        honoured: bool | None = getattr(lw, "shard_honoured", None)
+        if honoured is not None:
+            self.metrics.shard_selector_honoured.labels(resource=p.label).set(int(honoured))
+        filtered: int = getattr(lw, "client_filtered", 0)
+        self._count(p.label, filtered, self._client_filtered, self.metrics.shard_client_filtered)
 
     @staticmethod
     def _count(label: str, current: int, seen: dict[str, int], family: PromCounter) -> None:

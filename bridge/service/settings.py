@@ -53,6 +53,7 @@ from bridge.kube.selectors import (
     normalize_field_selector,
     normalize_label_selector,
 )
+from bridge.kube.sharding import ShardRange, shard_range
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"
@@ -515,8 +516,21 @@ class LeaderElectionSettings(_Section):
 
 
 class ShardingSettings(_Section):
+    by: Literal["resource", "uid", "namespace"] = Field(
+        default="resource",
+        description="How replicas split the work: resource (each replica watches whole"
+        " resources, sha256(apiVersion/kind) mod shards), uid or namespace (every replica"
+        " watches every resource, only the objects whose 64-bit FNV-1a hash of"
+        " metadata.uid / metadata.namespace falls in its slice; server-side when the API"
+        " server honours shardSelector, else filtered here)",
+    )
     shards: int = Field(default=1, ge=1)
-    shard_index: int = Field(default=0, ge=0)
+    shard_index: int = Field(
+        default=0,
+        ge=0,
+        description="This replica's shard, 0 to shards-1 (the chart's sharding.replicas"
+        " mode sets it from the StatefulSet pod index)",
+    )
 
     @field_validator("shard_index")
     @classmethod
@@ -525,6 +539,13 @@ class ShardingSettings(_Section):
         if shards is not None and value >= shards:
             raise ValueError(f"must be less than shards ({shards})")
         return value
+
+    def range(self) -> ShardRange | None:
+        """This replica's slice of every resource; None unless ``by`` is uid or namespace
+        with more than one shard."""
+        if self.by == "resource" or self.shards <= 1:
+            return None
+        return shard_range(self.shards, self.shard_index, self.by)
 
 
 # --- the whole ---------------------------------------------------------------
@@ -658,7 +679,7 @@ def settings_json_schema() -> dict[str, Any]:
 
 
 def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
-    """The resources this replica watches when ``sharding.shards`` > 1.
+    """The resources this replica watches when ``sharding.shards`` > 1 (``by: resource``).
 
     A resource belongs to shard ``sha256("apiVersion/kind") mod shards``: the
     assignment depends on nothing but the resource's identity, so every replica
@@ -666,10 +687,21 @@ def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
     same kind (e.g. different namespaces) always land together.
     """
     shards = settings.sharding.shards
-    if shards <= 1:
+    if shards <= 1 or settings.sharding.by != "resource":
+        # With uid/namespace every replica serves every resource, only its slice.
         return list(settings.resources)
     index = settings.sharding.shard_index
     return [r for r in settings.resources if shard_of(r.gvk, shards) == index]
+
+
+def lease_name(settings: Settings) -> str:
+    """The Lease this replica elects on. Shards of one kind (``sharding.by`` uid or
+    namespace) each need a leader of their own: ``<leaseName>-shard-<shardIndex>``,
+    so a standby takes over its own shard and never holds another's slice back."""
+    name = settings.leader_election.lease_name
+    if settings.sharding.range() is None:
+        return name
+    return f"{name}-shard-{settings.sharding.shard_index}"
 
 
 def shard_of(identity: str, shards: int) -> int:

@@ -117,6 +117,21 @@ def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings
     return rid
 
 
+def checkpoint_id(
+    settings: Settings, info: ResourceInfo, namespace: str | None, res: ResourceSettings
+) -> str:
+    """The checkpoint key this replica uses for one resource in one scope: its
+    ``resource_id``, plus its slice under ``sharding.by`` uid or namespace (each
+    shard keeps its own watermark and digests; bridge/delivery/reshard.py)."""
+    rid = resource_id(info, namespace, res)
+    shard = settings.sharding.range()
+    if shard is None:
+        return rid
+    from bridge.delivery.reshard import sharded_id
+
+    return sharded_id(rid, shard.field, settings.sharding.shard_index, settings.sharding.shards)
+
+
 def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo) -> EventBuilder:
     """The event builder of one resource; replay uses the same, so its events equal the originals."""
     return EventBuilder(

@@ -365,3 +365,24 @@ async def test_kafka_topic_below_what_the_guarantees_need_warns_one_line_each(
         what + "min.insync.replicas is 1: acks=all is then satisfied by the leader alone; "
         "set it to 2 or more (with a replication factor of 3)",
     ], lines
+
+
+@pytest.mark.parametrize("gate", ["on", "off"])
+async def test_a_sharded_config_says_whether_the_server_honours_the_selector(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer, gate: str
+) -> None:
+    emulator.sharded_list_watch = gate == "on"
+    config = nats_config(
+        tmp_path,
+        kubeconfig,
+        nats_control.url,
+        sharding={"by": "uid", "shards": 3, "shardIndex": 1},
+    )
+    code, lines, err = await check(config)
+    assert code == 0, (lines, err)
+    shard = [line for line in lines if " shard:" in line]
+    assert len(shard) == 3, lines  # one per resource: Pod, Secret, Widget
+    if gate == "on":
+        assert all("shardSelector honoured by the server for uid:5555-aaaa" in s for s in shard)
+    else:
+        assert all("NOT honoured" in s and "filtered on the client" in s for s in shard), shard

@@ -405,6 +405,42 @@ def test_single_shard_keeps_everything(tmp_path: Path) -> None:
     assert resources_for_shard(settings) == settings.resources
 
 
+def test_sharding_by_uid_or_namespace_serves_every_resource_its_slice(tmp_path: Path) -> None:
+    from bridge.kube.sharding import shard_range
+
+    for by in ("uid", "namespace"):
+        data = {**MINIMAL, "sharding": {"by": by, "shards": 3, "shardIndex": 2}}
+        settings = load_settings(write(tmp_path, data), env={})
+        assert resources_for_shard(settings) == settings.resources
+        assert settings.sharding.range() == shard_range(3, 2, by)
+    # by resource (the default) or one shard: no slice, today's behaviour.
+    assert load_settings(write(tmp_path, MINIMAL), env={}).sharding.range() is None
+    one = {**MINIMAL, "sharding": {"by": "uid", "shards": 1}}
+    assert load_settings(write(tmp_path, one), env={}).sharding.range() is None
+
+
+def test_each_shard_of_one_kind_elects_on_a_lease_of_its_own(tmp_path: Path) -> None:
+    from bridge.service.settings import lease_name
+
+    le = {"enabled": True, "leaseName": "bridge"}
+    data = {
+        **MINIMAL,
+        "leaderElection": le,
+        "sharding": {"by": "uid", "shards": 3, "shardIndex": 2},
+    }
+    assert lease_name(load_settings(write(tmp_path, data), env={})) == "bridge-shard-2"
+    # Resource sharding keeps the configured name (one deployment per shard names its own).
+    data["sharding"] = {"shards": 3, "shardIndex": 2}
+    assert lease_name(load_settings(write(tmp_path, data), env={})) == "bridge"
+
+
+def test_sharding_by_an_unknown_field_names_the_choices(tmp_path: Path) -> None:
+    data = {**MINIMAL, "sharding": {"by": "name", "shards": 2}}
+    assert error_of(write(tmp_path, data)) == (
+        "config error: sharding.by: 'name' is not one of resource, uid, namespace"
+    )
+
+
 @pytest.mark.parametrize("key", ["ignoreFields", "maskPaths", "triggerPaths", "fields"])
 def test_a_bad_path_is_a_config_error_at_load_naming_the_key(tmp_path: Path, key: str) -> None:
     path = tmp_path / "bridge.yaml"

@@ -54,6 +54,14 @@ def build() -> dict[str, Any]:
             "fullnameOverride": string,
             "replicaCount": {"type": "integer", "minimum": 0},
             "leaderElection": _obj({"enabled": boolean}, additionalProperties=False),
+            "sharding": _obj(
+                {
+                    "replicas": {"type": "integer", "minimum": 0},
+                    "by": {"enum": ["uid", "namespace"]},
+                    "standby": boolean,
+                },
+                additionalProperties=False,
+            ),
             "serviceAccount": _obj(
                 {
                     "create": boolean,

@@ -47,7 +47,15 @@ the leaderElection block the chart owns when .Values.leaderElection.enabled
 */}}
 {{- define "k8s-bridge.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- if .Values.leaderElection.enabled -}}
+{{- $sharding := default (dict) .Values.sharding -}}
+{{- if gt (int (default 0 $sharding.replicas)) 0 -}}
+{{- $sh := deepCopy (default (dict) (get $cfg "sharding")) -}}
+{{- $_ := set $sh "shards" (int $sharding.replicas) -}}
+{{- $_ := set $sh "by" (default "uid" $sharding.by) -}}
+{{- $_ := unset $sh "shardIndex" -}}
+{{- $_ := set $cfg "sharding" $sh -}}
+{{- end -}}
+{{- if or .Values.leaderElection.enabled (and (gt (int (default 0 $sharding.replicas)) 0) $sharding.standby) -}}
 {{- $le := dict "namespace" .Release.Namespace "leaseName" (include "k8s-bridge.fullname" .) -}}
 {{- $le = mergeOverwrite $le (deepCopy (default (dict) (get $cfg "leaderElection"))) -}}
 {{- $_ := set $le "enabled" true -}}
@@ -135,5 +143,154 @@ list and watch, nothing else.
 - apiGroups: [{{ index $rule 0 | quote }}]
   resources: [{{ index $rule 1 | quote }}]
   verbs: ["list", "watch"]
+{{- end -}}
+{{- end -}}
+
+{{/* sharding.replicas in effect (0: not a sharded StatefulSet). */}}
+{{- define "k8s-bridge.shardReplicas" -}}
+{{- int (default 0 (default (dict) .Values.sharding).replicas) -}}
+{{- end -}}
+
+{{/* The Lease names leader election uses: one per shard in the sharded standby mode. */}}
+{{- define "k8s-bridge.leaseNames" -}}
+{{- $le := include "k8s-bridge.leaderElection" . | fromYaml -}}
+{{- $n := int (include "k8s-bridge.shardReplicas" .) -}}
+{{- $names := list $le.leaseName -}}
+{{- if gt $n 0 -}}
+{{- $names = list -}}
+{{- range $i := until $n -}}
+{{- $names = append $names (printf "%s-shard-%d" $le.leaseName $i) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/*
+The pod template of the Deployment and of the sharded StatefulSets. "shard": the
+pod's index (label apps.kubernetes.io/pod-index) is its shard index (with a
+standby, the bridge elects on <leaseName>-shard-<index> by itself).
+*/}}
+{{- define "k8s-bridge.podTemplate" -}}
+{{- $shard := .shard -}}
+{{- with .root -}}
+{{- $le := include "k8s-bridge.leaderElection" . | fromYaml -}}
+metadata:
+  annotations:
+    checksum/config: {{ include "k8s-bridge.config" . | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  labels:
+    {{- include "k8s-bridge.selectorLabels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "k8s-bridge.serviceAccountName" . }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+  containers:
+    - name: bridge
+      image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args: ["run", "--config", "/etc/k8s-bridge/bridge.yaml"]
+      env:
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        {{- if $shard }}
+        - name: POD_INDEX
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+        - name: BRIDGE_SHARDING__SHARDINDEX
+          value: "$(POD_INDEX)"
+        {{- end }}
+        {{- if $le.enabled }}
+        - name: BRIDGE_LEADERELECTION__IDENTITY
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with .Values.envFromSecrets }}
+      envFrom:
+        {{- range . }}
+        - secretRef:
+            name: {{ . }}
+            optional: true
+        {{- end }}
+      {{- end }}
+      ports:
+        - name: http
+          containerPort: {{ include "k8s-bridge.serverPort" . }}
+          protocol: TCP
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http
+        periodSeconds: 10
+        failureThreshold: 6
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http
+        periodSeconds: 5
+        failureThreshold: 2
+      resources:
+        {{- toYaml .Values.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/k8s-bridge
+          readOnly: true
+        - name: state
+          mountPath: {{ .Values.persistence.mountPath }}
+        - name: tmp
+          mountPath: /tmp
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "k8s-bridge.fullname" . }}
+    {{- if not (and $shard .Values.persistence.enabled) }}
+    {{- /* a sharded StatefulSet claims "state" per pod (volumeClaimTemplates) */}}
+    - name: state
+      {{- if .Values.persistence.enabled }}
+      persistentVolumeClaim:
+        claimName: {{ .Values.persistence.existingClaim | default (include "k8s-bridge.fullname" .) }}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+    {{- end }}
+    - name: tmp
+      emptyDir: {}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end -}}
 {{- end -}}

@@ -176,3 +176,25 @@ async def test_a_commit_of_many_keys_is_written_whole_in_order(make: Factory) ->
     assert len(cp.digests) == 2_499 and "ns/gone" not in cp.digests
     assert cp.digests["ns/p10"] == Digest("ns/p10", "u10", "9999", "g")
     assert cp.digests["ns/p2499"] == Digest("ns/p2499", "u2499", "2599", "f")
+
+
+async def test_resource_ids_and_watermarks_of_every_committed_resource(make: Factory) -> None:
+    # What re-sharding lists to find the checkpoints an earlier layout left.
+    from bridge.checkpoints.base import ListableStore
+
+    store = make()
+    await store.open()
+    assert isinstance(store, ListableStore)
+    assert await store.resource_ids() == []
+    await store.commit("core/v1/pods~uid-1of3", "100", [Digest("ns/a", "u", "1", "f")], [])
+    await store.commit("apps/v1/deployments@ns", "", [], [])
+    await store.commit("apps/v1/deployments@ns", "7", [], [])
+    store = await reopen(make, store)
+    assert await store.resource_ids() == ["apps/v1/deployments@ns", "core/v1/pods~uid-1of3"]
+    # And each one's watermark alone, without its digests.
+    from bridge.checkpoints.base import WatermarkReader
+
+    assert isinstance(store, WatermarkReader)
+    assert await store.watermark("core/v1/pods~uid-1of3") == "100"
+    assert await store.watermark("apps/v1/deployments@ns") == "7"
+    assert await store.watermark("core/v1/pods") is None

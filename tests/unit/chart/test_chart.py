@@ -114,6 +114,19 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "namespace": "bridge",
     },
+    "sharded": {"values": {"sharding": {"replicas": 3, "by": "namespace"}}, "namespace": "bridge"},
+    "sharded-standby": {
+        "values": {
+            "sharding": {"replicas": 4, "standby": True},
+            "persistence": {"enabled": False},
+            "config": {**DEFAULT_VALUES["config"], "checkpoint": {"kind": "nats-kv"}},
+        },
+        "namespace": "bridge",
+    },
+    "sharded-standby-sqlite": {
+        "values": {"sharding": {"replicas": 2, "standby": True}},
+        "namespace": "bridge",
+    },
 }
 
 
@@ -208,7 +221,9 @@ WATCH = ("list", "watch")
 # --- lint ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+@pytest.mark.parametrize(
+    "name", ["default", "ha-namespaced", "cluster-wide", "sharded", "sharded-standby"]
+)
 def test_helm_lint_strict_is_clean(helm_results: dict[str, Any], name: str) -> None:
     lint = helm_results[name]["lint"]
     assert lint["errors"] == [] and lint["warnings"] == [], lint["output"]
@@ -241,7 +256,9 @@ def test_replicas_on_a_sqlite_checkpoint_refuse_to_render(helm_results: dict[str
 # --- every manifest is valid Kubernetes ------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+@pytest.mark.parametrize(
+    "name", ["default", "ha-namespaced", "cluster-wide", "sharded", "sharded-standby"]
+)
 def test_every_manifest_validates_against_kubernetes_schema(
     helm_results: dict[str, Any], name: str
 ) -> None:
@@ -256,7 +273,9 @@ def test_every_manifest_validates_against_kubernetes_schema(
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("name", ["default", "ha-namespaced", "cluster-wide"])
+@pytest.mark.parametrize(
+    "name", ["default", "ha-namespaced", "cluster-wide", "sharded", "sharded-standby"]
+)
 def test_configmap_holds_a_config_the_bridge_accepts(
     helm_results: dict[str, Any], name: str, tmp_path: Path
 ) -> None:
@@ -332,6 +351,61 @@ def test_ha_variant_wiring(helm_results: dict[str, Any]) -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
     (monitor,) = find(objs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+# --- sharding.replicas: a StatefulSet, the pod index is the shard ----------------------------
+
+
+def _shard_sets(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in find(objs, "StatefulSet")}
+
+
+def test_sharded_mode_runs_a_statefulset_whose_pod_index_is_the_shard(
+    helm_results: dict[str, Any],
+) -> None:
+    objs = docs(helm_results["sharded"])
+    assert not find(objs, "Deployment") and not find(objs, "PersistentVolumeClaim")
+    (sts,) = _shard_sets(objs).values()
+    assert sts["spec"]["replicas"] == 3
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    assert env["BRIDGE_SHARDING__SHARDINDEX"]["value"] == "$(POD_INDEX)"
+    # Each shard its own SQLite volume; the chart owns shards and by.
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "state"
+    assert "state" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+    (cm,) = find(objs, "ConfigMap")
+    config = yaml.safe_load(cm["data"]["bridge.yaml"])
+    assert config["sharding"] == {"shards": 3, "by": "namespace"}
+
+
+def test_sharded_standby_pairs_elect_on_a_lease_per_shard(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["sharded-standby"])
+    sets = _shard_sets(objs)
+    assert set(sets) == {"bridge-k8s-bridge", "bridge-k8s-bridge-standby"}
+    selectors = [s["spec"]["selector"]["matchLabels"] for s in sets.values()]
+    assert selectors[0] != selectors[1], "two StatefulSets must not adopt each other's pods"
+    for sts in sets.values():
+        assert sts["spec"]["replicas"] == 4
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["BRIDGE_SHARDING__SHARDINDEX"]["value"] == "$(POD_INDEX)"
+        assert "volumeClaimTemplates" not in sts["spec"]
+    (role,) = find(objs, "Role", "-leader-election")
+    leases = tuple(f"bridge-k8s-bridge-shard-{i}" for i in range(4))
+    assert ("coordination.k8s.io", "leases", ("get", "update"), leases) in rule_set(role["rules"])
+    (cm,) = find(objs, "ConfigMap")
+    config = yaml.safe_load(cm["data"]["bridge.yaml"])
+    assert config["leaderElection"]["enabled"] is True
+    assert config["sharding"] == {"shards": 4, "by": "uid"}
+
+
+def test_sharded_standby_refuses_a_per_pod_sqlite_file(helm_results: dict[str, Any]) -> None:
+    error = helm_results["sharded-standby-sqlite"].get("renderError", "")
+    assert "cannot share a SQLite file" in error and "nats-kv" in error
 
 
 # --- RBAC equals what the resource list needs ---------------------------------------------
