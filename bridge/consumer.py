@@ -21,7 +21,7 @@ from bridge.delivery.events import nats_token
 from bridge.delivery.heartbeat import HEARTBEAT_TYPE
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.logging import get_logger
-from bridge.service.settings import KafkaSettings, Settings
+from bridge.service.settings import Settings
 
 log = get_logger(__name__)
 
@@ -160,27 +160,11 @@ async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator
         await close_quietly(nc)
 
 
-def _kafka_security(k: KafkaSettings) -> dict[str, Any]:
-    """The consumer's connection options from ``sink.kafka``: the same credentials and TLS
-    the bridge publishes with."""
-    options: dict[str, Any] = {"security_protocol": k.security_protocol}
-    if k.sasl_mechanism:
-        options.update(
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_plain_username=k.sasl_username,
-            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-        )
-    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
-        if k.ssl is not None and k.ssl.certfile:
-            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
-        options["ssl_context"] = ctx
-    return options
-
-
 async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaError
+
+    from bridge.sinks.kafka import connection_options
 
     k = settings.sink.kafka
     where = ",".join(k.bootstrap_servers)
@@ -193,14 +177,12 @@ async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerato
         topics = (k.topic,)
     consumer = AIOKafkaConsumer(
         *topics,
-        bootstrap_servers=k.bootstrap_servers,
         auto_offset_reset="earliest" if from_start else "latest",
         enable_auto_commit=False,
-        client_id="k8s-bridge-tail",
         # Events of an aborted transaction (sink.kafka.exactlyOnce: a bridge killed
         # inside one) were never published; the same as read_uncommitted otherwise.
         isolation_level="read_committed",
-        **_kafka_security(k),
+        **connection_options(k, "k8s-bridge-tail"),
     )
     try:
         await consumer.start()

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,9 +52,10 @@ from aiokafka.record.memory_records import MemoryRecords
 from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, PlainRow, R, RowConverter
 from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError, ConfigError
+from bridge.sinks.kafka import connection_options
 
 if TYPE_CHECKING:
-    from bridge.service.settings import KafkaSettings, Settings
+    from bridge.service.settings import Settings
 
 # The checkpoint topic's one partition (see the module's docstring).
 PARTITION = 0
@@ -117,28 +117,6 @@ class RecordWriter(Protocol):
 
 
 # --- connection ------------------------------------------------------------------
-
-
-def connection_options(k: KafkaSettings) -> dict[str, Any]:
-    """Bootstrap servers, security, SASL and TLS of ``sink.kafka``: the checkpoint
-    topic lives in the sink's cluster and reaches it the same way."""
-    options: dict[str, Any] = {
-        "bootstrap_servers": list(k.bootstrap_servers),
-        "security_protocol": k.security_protocol,
-        "client_id": "k8s-bridge-checkpoint",
-    }
-    if k.sasl_mechanism:
-        options.update(
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_plain_username=k.sasl_username,
-            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-        )
-    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
-        if k.ssl is not None and k.ssl.certfile:
-            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
-        options["ssl_context"] = ctx
-    return options
 
 
 # Errors that mean "Kafka cannot be reached or cannot take it now".
@@ -295,7 +273,7 @@ class KafkaCheckpointStore:
             )
         k = settings.checkpoint.kafka
         return cls(
-            connection_options(settings.sink.kafka),
+            connection_options(settings.sink.kafka, "k8s-bridge-checkpoint"),
             k.topic,
             replication_factor=k.replication_factor,
             timeout=k.timeout,

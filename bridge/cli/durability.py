@@ -76,29 +76,6 @@ async def nats_stream(n: NatsSettings, timeout: float) -> Durability | None:
     return result
 
 
-def kafka_admin_options(k: KafkaSettings) -> dict[str, Any]:
-    """The admin client's connection options: those the sink's producer uses."""
-    options: dict[str, Any] = {
-        "bootstrap_servers": k.bootstrap_servers,
-        "security_protocol": k.security_protocol,
-        "client_id": "k8s-bridge-check",
-    }
-    if k.sasl_mechanism:
-        options.update(
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_plain_username=k.sasl_username,
-            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-        )
-    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
-        import ssl
-
-        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
-        if k.ssl is not None and k.ssl.certfile:
-            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
-        options["ssl_context"] = ctx
-    return options
-
-
 async def kafka_topic(k: KafkaSettings, timeout: float) -> Durability:
     """The topic's replication factor, ``min.insync.replicas`` and unclean leader
     election, and the producer's acks. A topic that does not exist yet, or one
@@ -107,7 +84,11 @@ async def kafka_topic(k: KafkaSettings, timeout: float) -> Durability:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    admin = AIOKafkaAdminClient(**kafka_admin_options(k), request_timeout_ms=int(timeout * 1000))
+    from bridge.sinks.kafka import connection_options
+
+    admin = AIOKafkaAdminClient(
+        **connection_options(k, "k8s-bridge-check"), request_timeout_ms=int(timeout * 1000)
+    )
     await admin.start()
     try:
         async with asyncio.timeout(timeout):

@@ -82,6 +82,29 @@ def _retry_later(exc: BaseException) -> bool:
     return isinstance(exc, (*_UNAVAILABLE, kerrors.ProducerClosed))
 
 
+def connection_options(k: KafkaSettings, client_id: str) -> dict[str, Any]:
+    """aiokafka's connection options from ``sink.kafka`` (servers, security, SASL, TLS):
+    the checkpoint store, ``check``'s admin client and ``tail`` reach the sink's
+    cluster the same way the sink does."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": list(k.bootstrap_servers),
+        "security_protocol": k.security_protocol,
+        "client_id": client_id,
+    }
+    if k.sasl_mechanism:
+        options.update(
+            sasl_mechanism=k.sasl_mechanism,
+            sasl_plain_username=k.sasl_username,
+            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+        )
+    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
+        if k.ssl is not None and k.ssl.certfile:
+            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
+        options["ssl_context"] = ctx
+    return options
+
+
 def event_coordinates(event: Event) -> dict[str, str]:
     """``group``, ``version``, ``kind``, ``resource``, ``cluster`` of an event, read
     back from its ``type`` (``io.k8s.{group}.{version}.{kind}.{change}``; the group
