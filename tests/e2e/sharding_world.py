@@ -14,24 +14,13 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bridge.kube.sharding import ShardField, shard_range
 from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.crash_world import Objects
 
 Body = dict[str, Any]
-
-
-class Objects(Protocol):
-    def create(self, obj: Body) -> Body: ...
-
-    def patch(
-        self, api_version: str, kind: str, name: str, patch: Any, namespace: str | None = None
-    ) -> Body: ...
-
-    def delete(
-        self, api_version: str, kind: str, name: str, namespace: str | None = None
-    ) -> Body: ...
 
 
 def pod(name: str, ns: str) -> Body:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 import structlog
@@ -31,23 +31,12 @@ from bridge.kube.objects import INITIAL_EVENTS_END_ANNOTATION, WatchEvent
 from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.sharding import ShardField, ShardRange, shard_ranges
+from tests.e2e.crash_world import Objects
 from tests.fixtures.kube import KubeCluster
 
 CONFIGMAPS = ResourceInfo("", "v1", "ConfigMap", "configmaps", True, ("list", "watch"))
 IGNORED = "the API server ignores shardSelector"
 Body = dict[str, Any]
-
-
-class Writer(Protocol):
-    def create(self, obj: Body) -> Body: ...
-
-    def patch(
-        self, api_version: str, kind: str, name: str, patch: Any, namespace: str | None = None
-    ) -> Body: ...
-
-    def delete(
-        self, api_version: str, kind: str, name: str, namespace: str | None = None
-    ) -> Body: ...
 
 
 @dataclass
@@ -57,7 +46,7 @@ class Server:
 
     name: str
     kubeconfig: Path
-    writer: Writer
+    writer: Objects
     honours: bool
     namespaces: list[str] = field(default_factory=list)
     new_namespace: Callable[[], str] = lambda: ""
