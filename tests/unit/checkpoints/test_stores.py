@@ -312,3 +312,22 @@ async def test_sqlite_syncs_write_ahead_rows_and_leaves_watermark_commits_to_the
     assert ahead == [want], statements
     assert set(many) == {want} and len(many) >= 4, many
     assert set(step) == {"NORMAL"}, step
+
+
+async def test_sqlite_lists_resources_with_only_rows_written_ahead(tmp_path: Path) -> None:
+    """A resource whose first list never completed has digests and no watermark:
+    re-sharding must still find it among the ids."""
+    store = SqliteCheckpointStore(tmp_path / "ids.db")
+    await store.open()
+    try:
+        for rid in ("core/v1/pods~uid-2of3", "a/v1/x", "core/v1/pods~uid-0of3"):
+            await store.commit(rid, None, [Digest("ns/a", "u", "1", "f", UNCERTAIN)], [])
+        await store.commit("b/v1/y", "5", [], [])
+        assert await store.resource_ids() == [
+            "a/v1/x",
+            "b/v1/y",
+            "core/v1/pods~uid-0of3",
+            "core/v1/pods~uid-2of3",
+        ]
+    finally:
+        await store.close()
