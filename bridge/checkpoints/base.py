@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from bridge.delivery.changes import CERTAIN, Digest
+from bridge.kube.records import LooseRecord, PackedColumns, pack_state
 
 
 @dataclass
@@ -49,44 +50,44 @@ class CheckpointStore(Protocol):
     async def close(self) -> None: ...
 
 
-# (key, uid, resourceVersion, fingerprint) of a digest that is CERTAIN and has no
-# prior incarnations: nearly every row of a checkpoint.
-PlainRow = tuple[str, str, str, str]
-
-R = TypeVar("R")
-
-# Turns a chunk of plain rows into what the caller keeps of them (cache records).
-RowConverter = Callable[[list[PlainRow]], Iterable[R]]
-
-
 @dataclass
-class BulkCheckpoint(Generic[R]):
-    """A checkpoint as a restart reads it: the plain rows already converted, chunk
-    by chunk, into what the caller keeps (``plain``), the few others (uncertain,
-    deleting, or with earlier incarnations) as digests.
+class BulkCheckpoint:
+    """A checkpoint as a restart reads it. Nearly every row is certain and has no
+    earlier incarnation: those come in the cache's own layout (``packed``: keys and
+    packed states, bridge/kube/records.py), so the store's bytes become the cache
+    without a record object per row; the few of them whose values do not pack are
+    ``loose`` records; the others (uncertain, deleting, with earlier incarnations)
+    come as digests.
 
-    A million ``Digest`` objects cost seconds to build and ~200 MB while they
-    live; and rows converted a chunk at a time leave no million dead strings
-    behind to fragment the heap.
+    A million ``Digest`` objects cost seconds to build and ~200 MB while they live.
     """
 
     resource_version: str
-    plain: list[R] = field(default_factory=list)
+    packed: PackedColumns = field(default_factory=PackedColumns)
+    loose: list[LooseRecord] = field(default_factory=list)
     others: list[Digest] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.plain) + len(self.others)
+        return len(self.packed) + len(self.loose) + len(self.others)
+
+    def add_plain(self, key: str, uid: str, resource_version: str, fingerprint: str) -> None:
+        """One certain row with no earlier incarnation, packed if it can be."""
+        state = pack_state(uid, resource_version, fingerprint)
+        if state is None:
+            self.loose.append(LooseRecord(key, uid, resource_version, fingerprint, False))
+        else:
+            self.packed.keys.append(key)
+            self.packed.packed.append(state)
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint, convert: RowConverter[R]) -> BulkCheckpoint[R]:
-        rows: list[PlainRow] = []
-        others: list[Digest] = []
+    def of(cls, checkpoint: Checkpoint) -> BulkCheckpoint:
+        bulk = cls(checkpoint.resource_version)
         for d in checkpoint.digests.values():
             if d.state == CERTAIN and not d.prior:
-                rows.append((d.key, d.uid, d.resource_version, d.fingerprint))
+                bulk.add_plain(d.key, d.uid, d.resource_version, d.fingerprint)
             else:
-                others.append(d)
-        return cls(checkpoint.resource_version, list(convert(rows)), others)
+                bulk.others.append(d)
+        return bulk
 
 
 @runtime_checkable
@@ -128,16 +129,12 @@ def is_per_replica(store: CheckpointStore) -> bool:
 class BulkLoader(Protocol):
     """A store that reads a restart's checkpoint without a ``Digest`` per row."""
 
-    async def load_bulk(
-        self, resource_id: str, convert: RowConverter[R]
-    ) -> BulkCheckpoint[R] | None: ...
+    async def load_bulk(self, resource_id: str) -> BulkCheckpoint | None: ...
 
 
-async def load_bulk(
-    store: CheckpointStore, resource_id: str, convert: RowConverter[R]
-) -> BulkCheckpoint[R] | None:
+async def load_bulk(store: CheckpointStore, resource_id: str) -> BulkCheckpoint | None:
     """The checkpoint of ``resource_id`` in bulk form, from any store."""
     if isinstance(store, BulkLoader):
-        return await store.load_bulk(resource_id, convert)
+        return await store.load_bulk(resource_id)
     checkpoint = await store.load(resource_id)
-    return None if checkpoint is None else BulkCheckpoint.of(checkpoint, convert)
+    return None if checkpoint is None else BulkCheckpoint.of(checkpoint)

@@ -3,7 +3,11 @@ keeps its source offsets): a Kafka-only deployment needs no disk and no second b
 
 Records (keys and values are bytes; resource ids and object keys hold no NUL):
 
-    d\\0<resource id>\\0<object key>   one per object digest: JSON
+    d\\0<resource id>\\0<object key>   one per object digest: for a certain digest with
+                                     no earlier incarnation whose values pack (nearly
+                                     all), the 41 bytes of the cache's packed state
+                                     (bridge/kube/records.py: a zero flags byte, uid,
+                                     fingerprint, resourceVersion); for any other, JSON
                                      [uid, resourceVersion, fingerprint, state, prior];
                                      a delete is the same key with no value (a tombstone)
     w\\0<resource id>                 the watermark: the resourceVersion as a JSON string
@@ -49,9 +53,10 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.memory_records import MemoryRecords
 
-from bridge.checkpoints.base import BulkCheckpoint, Checkpoint, PlainRow, R, RowConverter
+from bridge.checkpoints.base import BulkCheckpoint, Checkpoint
 from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError, ConfigError
+from bridge.kube.records import PACKED_WIDTH, PackedColumns, pack_state, unpack_state
 from bridge.sinks.kafka import connection_options
 
 if TYPE_CHECKING:
@@ -78,7 +83,23 @@ def watermark_key(resource_id: str) -> bytes:
 
 
 def digest_value(d: Digest) -> bytes:
+    """The record value of a digest. Packed when it can be: a restart then hands the
+    value to the cache as it is, with nothing decoded (``load_bulk``)."""
+    if not d.state and not d.prior:
+        packed = pack_state(d.uid, d.resource_version, d.fingerprint)
+        if packed is not None:
+            return packed
     return orjson.dumps([d.uid, d.resource_version, d.fingerprint, d.state, d.prior])
+
+
+def digest_of(key: str, value: bytes) -> Digest:
+    """The digest a record value holds (``digest_value`` read back)."""
+    if value[:1] == b"[":
+        return Digest(key, *orjson.loads(value))
+    if len(value) == PACKED_WIDTH and value[0] == 0:
+        uid, resource_version, fingerprint, _ = unpack_state(value)
+        return Digest(key, uid, resource_version, fingerprint)
+    raise CheckpointError(f"checkpoint record of {key!r}: not a digest ({value[:16]!r})")
 
 
 def commit_records(
@@ -91,11 +112,7 @@ def commit_records(
     deletes, then upserts (a key in both ends upserted), then the watermark (if any)."""
     rid = resource_id.encode()
     prefix = _DIGEST + rid + b"\x00"
-    dumps = orjson.dumps
-    ups: dict[bytes, bytes] = {
-        prefix + d.key.encode(): dumps([d.uid, d.resource_version, d.fingerprint, d.state, d.prior])
-        for d in upserts
-    }
+    ups: dict[bytes, bytes] = {prefix + d.key.encode(): digest_value(d) for d in upserts}
     records: list[Record] = []
     for key in deletes:
         k = prefix + key.encode()
@@ -103,7 +120,7 @@ def commit_records(
             records.append((k, None))
     records.extend(ups.items())
     if resource_version is not None:
-        records.append((_WATERMARK + rid, dumps(resource_version)))
+        records.append((_WATERMARK + rid, orjson.dumps(resource_version)))
     return records
 
 
@@ -227,7 +244,8 @@ class _Rows:
         self.watermark: bytes | None = None
 
 
-# Rows converted per chunk when a restart loads a checkpoint (as SQLite's fetchmany).
+# Records sorted between two yields to the event loop when a restart loads a
+# checkpoint that is not all packed.
 _CHUNK = 10_000
 # Bytes per fetch while reading the topic: large enough that a million records
 # take tens of round trips, not thousands.
@@ -415,35 +433,41 @@ class KafkaCheckpointStore:
         cut = rows.prefix_length
         for k, v in rows.digests.items():
             key = k[cut:].decode()
-            digests[key] = Digest(key, *orjson.loads(v))
+            digests[key] = digest_of(key, v)
         return Checkpoint(_watermark(rows.watermark), digests)
 
-    async def load_bulk(
-        self, resource_id: str, convert: RowConverter[R]
-    ) -> BulkCheckpoint[R] | None:
+    async def load_bulk(self, resource_id: str) -> BulkCheckpoint | None:
         self._require_open()
         rows = await self._take(resource_id)
         if rows is None:
             return None
-        plain: list[R] = []
-        others: list[Digest] = []
+        bulk = BulkCheckpoint(_watermark(rows.watermark))
         digests = rows.digests
+        rows.digests = {}
+        packed = _packed_columns(digests, rows.prefix_length)
+        if packed is not None:
+            bulk.packed = packed
+            return bulk
+        # Some records are not packed (uncertain, deleting, an earlier incarnation, or
+        # values that do not pack): sorted one by one.
         cut = rows.prefix_length
-        loads = orjson.loads
-        # A chunk at a time, popped as converted: the rows' bytes are freed (and their
-        # memory reused) as the cache records are made, not after all of them.
-        while digests:
-            chunk: list[PlainRow] = []
-            for _ in range(min(_CHUNK, len(digests))):
-                k, v = digests.popitem()
-                uid, rv, fp, state, prior = loads(v)
-                if state or prior:
-                    others.append(Digest(k[cut:].decode(), uid, rv, fp, state, prior))
+        packed_keys: list[str] = []
+        packed_values: list[bytes] = []
+        for n, (k, v) in enumerate(digests.items()):
+            key = k[cut:].decode()
+            if len(v) == PACKED_WIDTH and v[0] == 0:
+                packed_keys.append(key)
+                packed_values.append(v)
+            else:
+                d = digest_of(key, v)
+                if d.state or d.prior:
+                    bulk.others.append(d)
                 else:
-                    chunk.append((k[cut:].decode(), uid, rv, fp))
-            plain.extend(convert(chunk))
-            await asyncio.sleep(0)
-        return BulkCheckpoint(_watermark(rows.watermark), plain, others)
+                    bulk.add_plain(key, d.uid, d.resource_version, d.fingerprint)
+            if n % _CHUNK == _CHUNK - 1:
+                await asyncio.sleep(0)
+        bulk.packed.extend(packed_keys, packed_values)
+        return bulk
 
     async def watermark(self, resource_id: str) -> str | None:
         """The stored watermark of ``resource_id`` (None: none stored), without taking
@@ -618,3 +642,31 @@ def _watermark(value: bytes | None) -> str:
         return ""
     decoded = orjson.loads(value)
     return decoded if isinstance(decoded, str) else ""
+
+
+def _packed_columns(digests: dict[bytes, bytes], cut: int) -> PackedColumns | None:
+    """The object keys and values of ``digests`` as two columns when every value is a
+    packed state (the common case: a restart after a clean stop), else ``(None, None)``.
+
+    Checked and decoded over whole columns in C: the keys joined and decoded once
+    and split at their shared prefix (it holds a NUL, which no object key does: a
+    count that does not match says otherwise), the values' lengths mapped and
+    their flags bytes sliced out of one join. None when some are not packed.
+    """
+    n = len(digests)
+    if not n:
+        return PackedColumns()
+    values = list(digests.values())
+    if set(map(len, values)) != {PACKED_WIDTH}:
+        return None
+    if b"".join(values)[::PACKED_WIDTH] != bytes(n):
+        return None  # a flags byte other than zero: not a certain digest
+    prefix = next(iter(digests))[:cut]
+    try:
+        keys = b"".join(digests).decode().split(prefix.decode())
+    except UnicodeDecodeError:
+        return None
+    if len(keys) != n + 1 or keys[0]:
+        return None
+    del keys[0]
+    return PackedColumns(keys, values)

@@ -266,6 +266,7 @@ class ResourcePipeline:
             else None,
             reflector_settings=start.reflector,
             initial_objects=start.records,
+            initial_packed=start.packed,
             initial_resource_version=start.start_at,
             max_queued=s.max_queued,
             drop_stale=True,

@@ -22,7 +22,7 @@ from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.outbox import Outbox
 from bridge.delivery.reshard import adopt_layout
 from bridge.kube.objects import CachedObject
-from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
+from bridge.kube.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 
@@ -34,8 +34,11 @@ class Resumption:
     """What the informer and the outbox start from."""
 
     reflector: ReflectorSettings
-    # The cache as the checkpoint left it; None: there was no checkpoint.
+    # The cache as the checkpoint left it, its few records that are not plain packed
+    # ones; None: there was no checkpoint.
     records: list[CachedObject] | None = None
+    # ... and the many that are, as columns (bridge/kube/records.py).
+    packed: PackedColumns | None = None
     # Where the watch resumes; None: a list first.
     start_at: str | None = None
     # The committed watermark the outbox starts from.
@@ -76,13 +79,13 @@ async def resume(
     """Read the checkpoint of ``resource_id``: resume where the last run stopped; under a
     new sharding layout, from the digests of the layouts before (bridge/delivery/reshard.py)."""
     await adopt_layout(checkpoints, resource_id, label=label)
-    # Nearly every row is certain with no earlier incarnation: straight to a record.
-    checkpoint = await load_bulk(checkpoints, resource_id, records_of_rows)
+    # Nearly every row is certain with no earlier incarnation: already in the cache's
+    # packed layout, handed over as it is.
+    checkpoint = await load_bulk(checkpoints, resource_id)
     if checkpoint is None:
         return Resumption(reflector)
     start_at = checkpoint.resource_version or None
-    records: list[CachedObject] = list(checkpoint.plain)
-    checkpoint.plain = []
+    records: list[CachedObject] = list(checkpoint.loose)
     uncertain: list[Digest] = []
     deletes: list[tuple[str, str, Event]] = []
     # Deletes on the bus, maybe after the watermark (exactly-once, see GONE).
@@ -123,7 +126,7 @@ async def resume(
         "resuming from checkpoint",
         resource=label,
         resource_version=checkpoint.resource_version,
-        objects=len(records),
+        objects=len(records) + len(checkpoint.packed),
         uncertain=len(uncertain),
         prior_deletes=len(deletes),
         relist=start_at is None,
@@ -131,6 +134,7 @@ async def resume(
     return Resumption(
         reflector,
         records=records,
+        packed=checkpoint.packed,
         start_at=start_at,
         watermark=checkpoint.resource_version,
         uncertain=uncertain,

@@ -45,7 +45,7 @@ from bridge.kube.objects import (
     namespace_key,
     resource_version,
 )
-from bridge.kube.records import LooseRecord, PackedRecord, make_record
+from bridge.kube.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.store import Indexer
 from bridge.logging import get_logger
 
@@ -126,6 +126,7 @@ class SharedInformer:
         resync_period: float | None = None,
         reflector_settings: ReflectorSettings | None = None,
         initial_objects: list[CachedObject] | None = None,
+        initial_packed: PackedColumns | None = None,
         initial_resource_version: str | None = None,
         max_queued: int | None = 100,
         drop_stale: bool = False,
@@ -156,11 +157,13 @@ class SharedInformer:
         self._resumed = initial_resource_version is not None
         # Nothing asks the cache by index: no namespace index (31-38 B per object).
         self.store = Indexer(key_func=namespace_key)
-        if initial_objects:
+        if initial_objects or initial_packed:
+            objects = initial_objects or []
             self.store.replace(
-                (self._to_stored(obj) for obj in initial_objects),
+                (self._to_stored(obj) for obj in objects),
                 initial_resource_version or "",
-                expected=len(initial_objects),
+                expected=len(objects),
+                packed=initial_packed,
             )
         self.fifo = RealFIFO(
             key_func=namespace_key, known_objects=self.store, max_queued=max_queued

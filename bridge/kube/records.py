@@ -24,16 +24,20 @@ answer the same attributes (the ``Record`` protocol); build them with
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
 __all__ = [
     "PACKED_WIDTH",
     "LooseRecord",
+    "PackedColumns",
     "PackedRecord",
     "Record",
     "is_record",
     "make_record",
+    "pack_columns",
+    "pack_state",
+    "unpack_state",
 ]
 
 _UNCONFIRMED = 1
@@ -132,6 +136,23 @@ class PackedRecord:
         return _repr(self)
 
 
+@dataclass(slots=True)
+class PackedColumns:
+    """Many confirmed ``PackedRecord``s as two columns, ``packed[i]`` being ``keys[i]``'s
+    state: a restart's checkpoint, handed from the store to the cache without a record
+    object per key."""
+
+    keys: list[str] = field(default_factory=list)
+    packed: list[bytes] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def extend(self, keys: list[str], packed: list[bytes]) -> None:
+        self.keys.extend(keys)
+        self.packed.extend(packed)
+
+
 class LooseRecord:
     """The same record with its values kept as strings, for values a ``PackedRecord``
     cannot hold exactly."""
@@ -228,34 +249,71 @@ def is_record(obj: Any) -> TypeGuard[PackedRecord | LooseRecord]:
     return type(obj) is PackedRecord or type(obj) is LooseRecord
 
 
-def records_of_rows(
-    rows: Iterable[tuple[str, str, str, str]],
-) -> Iterator[PackedRecord | LooseRecord]:
-    """``make_record(key, uid, resourceVersion, fingerprint)`` for many rows: a restart's
-    checkpoint, a million rows at a time, so the common case is inlined."""
-    pack = _PACK.pack
-    fromhex = bytes.fromhex
-    for key, uid, rv, fp in rows:
-        # The checks that make ``make_record`` exact, cheapest first: a dash-less
-        # lowercase UUID of 32 hex digits, 32 lowercase hex digits, a plain decimal.
-        if (
-            len(uid) == 36
-            and uid[8] == uid[13] == uid[18] == uid[23] == "-"
-            and len(fp) == 32
-            and rv.isdigit()
-            and rv.isascii()
-            and (rv[0] != "0" or rv == "0")
-            and len(rv) < 20
-            and (uid.islower() or uid == uid.lower())
-            and (fp.islower() or fp == fp.lower())
-        ):
-            try:
-                raw_uid = fromhex(uid.replace("-", ""))
-                raw_fp = fromhex(fp)
-            except ValueError:
-                pass
-            else:
-                if len(raw_uid) == 16 and len(raw_fp) == 16:
-                    yield PackedRecord(key, pack(0, raw_uid, raw_fp, int(rv)))
-                    continue
-        yield make_record(key, uid, rv, fp)
+def pack_state(uid: str, resource_version: str, fingerprint: str) -> bytes | None:
+    """The packed state of a confirmed record (``PackedRecord.packed``), or None when
+    these values would not read back exactly (the record is then a ``LooseRecord``)."""
+    return _packed(0, uid, resource_version, fingerprint)
+
+
+def unpack_state(packed: bytes) -> tuple[str, str, str, bool]:
+    """``(uid, resourceVersion, fingerprint, unconfirmed)`` of a packed state."""
+    flags, uid, fingerprint, resource_version = _PACK.unpack(packed)
+    return _uuid_hex(uid), str(resource_version), fingerprint.hex(), bool(flags & _UNCONFIRMED)
+
+
+def pack_columns(
+    uids: list[str], fingerprints: list[str], resource_versions: list[str]
+) -> list[bytes] | None:
+    """The packed states of many confirmed records at once (a restart's checkpoint, read
+    as columns: row ``i`` is ``uids[i]``, ``fingerprints[i]``, ``resource_versions[i]``).
+    None when any row would not read back exactly; the caller then packs row by row
+    (``pack_state``).
+
+    The checks and the packing run over whole columns in C (lengths mapped, columns
+    joined and sliced, one ``fromhex`` each, strided copies into one buffer): a
+    Python step per row costs ~1.7 s at a million rows, this ~0.6 s.
+    """
+    n = len(resource_versions)
+    if len(uids) != n or len(fingerprints) != n:
+        raise ValueError(f"columns of {len(uids)}, {len(fingerprints)} and {n} rows")
+    if not n:
+        return []
+    if set(map(len, uids)) != {36} or set(map(len, fingerprints)) != {32}:
+        return None
+    joined_uids = "".join(uids)
+    joined_fps = "".join(fingerprints)
+    # Each uid has its dashes at 8, 13, 18 and 23 and nowhere else, the rest
+    # lowercase hex (uppercase would read back lowercased; ``fromhex`` skips
+    # whitespace, which then leaves fewer bytes than rows).
+    dashes = "-" * n
+    u = joined_uids
+    if not (u[8::36] == u[13::36] == u[18::36] == u[23::36] == dashes and u.count("-") == 4 * n):
+        return None
+    hex_uids = u.replace("-", "")
+    if not (hex_uids.isascii() and joined_fps.isascii()):
+        return None
+    if hex_uids != hex_uids.lower() or joined_fps != joined_fps.lower():
+        return None
+    try:
+        raw_uids = bytes.fromhex(hex_uids)
+        raw_fps = bytes.fromhex(joined_fps)
+        # A plain decimal below 2**64 reads back as itself; "007", "+7", " 7", "7_0"
+        # and "-7" do not (the last fails to pack unsigned).
+        versions = list(map(int, resource_versions))
+        if list(map(str, versions)) != resource_versions:
+            return None
+        raw_versions = struct.pack(f">{n}Q", *versions)
+    except (ValueError, struct.error):
+        return None
+    if len(raw_uids) != 16 * n or len(raw_fps) != 16 * n:
+        return None
+    width = PACKED_WIDTH
+    buf = bytearray(width * n)  # flags 0: confirmed
+    for j in range(16):
+        buf[1 + j :: width] = raw_uids[j::16]
+        buf[17 + j :: width] = raw_fps[j::16]
+    for j in range(8):
+        buf[33 + j :: width] = raw_versions[j::8]
+    packed = bytes(buf)
+    del buf
+    return [packed[i : i + width] for i in range(0, width * n, width)]

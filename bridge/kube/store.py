@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, namespace_key
 from bridge.kube.packedtable import PackedTable, storable
-from bridge.kube.records import PACKED_WIDTH, PackedRecord
+from bridge.kube.records import PACKED_WIDTH, PackedColumns, PackedRecord
 
 __all__ = ["Indexer"]
 
@@ -55,12 +55,23 @@ class Indexer:
             self._packed.pop(key)
 
     def replace(
-        self, items: Iterable[CachedObject], resource_version: str = "", *, expected: int = 0
+        self,
+        items: Iterable[CachedObject],
+        resource_version: str = "",
+        *,
+        expected: int = 0,
+        packed: PackedColumns | None = None,
     ) -> None:
         """Swap the whole content. ``expected``: how many items to size the store for
-        (by default their length, if known)."""
+        (by default their length, if known). ``packed``: many more records as columns
+        (a restart's checkpoint), loaded first and emptied; ``items`` win over them."""
         self._items = {}
         self._packed.clear()
+        if packed:
+            self._load_columns(packed)
+            for obj in items:
+                self._put(self._key_func(obj), obj)
+            return
         if self._key_func is not namespace_key:
             for obj in items:
                 self._put(self._key_func(obj), obj)
@@ -72,6 +83,22 @@ class Indexer:
             # dict, so drop what it holds of the dict's keys (the last item wins).
             for key in self._items:
                 self._packed.pop(key)
+
+    def _load_columns(self, packed: PackedColumns) -> None:
+        """Load the columns and empty them: their million strings are freed as soon
+        as the table holds their bytes, whoever still holds the columns."""
+        keys, values = packed.keys, packed.packed
+        # Whether the table takes every key, asked of all of them at once: a
+        # Kubernetes key always qualifies, and the rare one that does not (a NUL,
+        # a lone surrogate) sends the load key by key.
+        joined = "".join(keys)
+        if "\0" not in joined and (joined.isascii() or storable(joined)):
+            self._packed.load_columns(keys, values)
+        else:
+            for key, value in zip(keys, values, strict=True):
+                self._put(key, PackedRecord(key, value))
+        keys.clear()
+        values.clear()
 
     def _loaded(self, items: Iterable[CachedObject]) -> Iterator[tuple[str, bytes]]:
         """The table's pairs among ``items``; the rest goes to the dict."""

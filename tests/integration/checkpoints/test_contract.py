@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from bridge.checkpoints import CheckpointStore
+from bridge.checkpoints.base import load_bulk
 from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.kube.records import LooseRecord, pack_state, unpack_state
 
 pytestmark = pytest.mark.integration
 
@@ -198,3 +200,61 @@ async def test_resource_ids_and_watermarks_of_every_committed_resource(make: Fac
     assert await store.watermark("core/v1/pods~uid-1of3") == "100"
     assert await store.watermark("apps/v1/deployments@ns") == "7"
     assert await store.watermark("core/v1/pods") is None
+
+
+def _canonical(i: int) -> Digest:
+    """A digest as a real API server's object gives it: it packs (bridge/kube/records.py)."""
+    uid = str(uuid.UUID(int=(i + 1) * 0x9E3779B97F4A7C15_9E3779B97F4A7C15 % 2**128))
+    return Digest(f"ns/p{i:05d}", uid, str(10**12 + i), f"{i * 0xFACE:032x}")
+
+
+async def test_a_bulk_load_is_the_load_with_plain_rows_packed(make: Factory) -> None:
+    """``load_bulk`` (a restart) gives what ``load`` gives: certain rows with no earlier
+    incarnation packed in the cache's layout when they pack, loose when they do not,
+    every other row as its digest; across several of SQLite's read chunks, with one
+    chunk holding a row that does not pack."""
+    from bridge.checkpoints import sqlite
+
+    canonical = [_canonical(i) for i in range(2_500)]
+    odd = [
+        Digest("ns/p00100x", "not-a-uuid", "5", "f"),  # sorts inside the second chunk
+        Digest("ns/p00200x", canonical[0].uid.upper(), "5", canonical[0].fingerprint),
+        Digest("ns/p00300x", canonical[0].uid, "007", canonical[0].fingerprint),
+    ]
+    others = [
+        Digest("ns/q1", canonical[1].uid, "7", canonical[1].fingerprint, UNCERTAIN),
+        Digest("ns/q2", "u", "8", "f", DELETING),
+        Digest("ns/q3", canonical[2].uid, "9", canonical[2].fingerprint, prior="old-uid"),
+    ]
+    store = make()
+    await store.open()
+    await store.commit("r", "42", [*canonical, *odd, *others], [])
+    await store.commit("s", "43", canonical, [])  # all packed: the whole read in columns
+    store = await reopen(make, store)
+    cp = await store.load("r")
+    cp_s = await store.load("s")
+    store = await reopen(make, store)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite, "_CHUNK", 1_000)
+        bulk = await load_bulk(store, "r")
+        bulk_s = await load_bulk(store, "s")
+    assert cp_s is not None and bulk_s is not None and len(bulk_s) == len(canonical)
+    assert not bulk_s.loose and not bulk_s.others
+    assert {
+        k: Digest(k, *unpack_state(v)[:3])
+        for k, v in zip(bulk_s.packed.keys, bulk_s.packed.packed, strict=True)
+    } == cp_s.digests
+    assert cp is not None and bulk is not None and bulk.resource_version == "42"
+    assert len(bulk) == len(cp.digests) == 2_506
+    packed = dict(zip(bulk.packed.keys, bulk.packed.packed, strict=True))
+    assert packed == {
+        d.key: pack_state(d.uid, d.resource_version, d.fingerprint) for d in canonical
+    }
+    assert sorted(bulk.loose, key=lambda r: r.key) == [
+        LooseRecord(d.key, d.uid, d.resource_version, d.fingerprint, False) for d in odd
+    ]
+    assert sorted(bulk.others, key=lambda d: d.key) == others
+    for key, state in packed.items():
+        uid, rv, fp, _ = unpack_state(state)
+        assert cp.digests[key] == Digest(key, uid, rv, fp)
+    assert await load_bulk(store, "nothing") is None

@@ -17,10 +17,13 @@ from bridge.checkpoints.kafka import (
     _Fold,
     commit_records,
     digest_key,
+    digest_of,
+    digest_value,
     watermark_key,
 )
 from bridge.delivery.changes import UNCERTAIN, Digest
-from bridge.errors import ConfigError
+from bridge.errors import CheckpointError, ConfigError
+from bridge.kube.records import pack_state
 from bridge.service.settings import load_settings
 from bridge.service.wiring import build_checkpoints
 
@@ -130,3 +133,24 @@ def test_a_kafka_checkpoint_beside_another_sink_is_a_one_line_config_error(
     message = str(caught.value)
     assert "\n" not in message and message.startswith("config error: checkpoint.kind: kafka")
     assert "sink.kind is 'nats'" in message
+
+
+def test_a_plain_digest_is_its_packed_state_and_any_other_is_json() -> None:
+    """A certain digest with no earlier incarnation whose values pack is stored as the
+    cache's 41 packed bytes (a restart hands them over as they are); any other as JSON.
+    Both read back as the digest."""
+    uid, fp = "0f8fad5b-d9cb-469f-a165-70867728950e", "00112233445566778899aabbccddeeff"
+    plain = Digest("ns/a", uid, "123", fp)
+    value = digest_value(plain)
+    assert len(value) == 41 and value[0] == 0 and value == pack_state(uid, "123", fp)
+    for d in (
+        plain,
+        Digest("ns/a", uid, "123", fp, UNCERTAIN),
+        Digest("ns/a", uid, "123", fp, prior="old"),
+        Digest("ns/a", uid.upper(), "123", fp),
+        Digest("ns/a", uid, "0123", fp),
+    ):
+        assert digest_of("ns/a", digest_value(d)) == d
+        assert (digest_value(d)[:1] == b"[") is (d is not plain)
+    with pytest.raises(CheckpointError, match="'ns/a': not a digest"):
+        digest_of("ns/a", b"\x01" * 41)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from bridge.checkpoints import Checkpoint, CheckpointStore
-from bridge.checkpoints.base import PlainRow, load_bulk
+from bridge.checkpoints.base import load_bulk
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
+from bridge.delivery.changes import UNCERTAIN, Digest
 from bridge.errors import CheckpointError
 
 
@@ -126,32 +126,43 @@ async def test_sqlite_errors_are_checkpoint_errors(tmp_path: Path) -> None:
         await SqliteCheckpointStore(tmp_path / "x.db").load("r")
 
 
-async def test_bulk_load_gives_plain_rows_converted_and_the_others_as_digests(
-    store: CheckpointStore,
+def _readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "checkpoint-reader"]
+
+
+async def test_a_sqlite_bulk_load_that_fails_raises_and_leaves_no_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plain = [Digest(f"ns/p{i}", f"u{i}", str(i), f"f{i}") for i in range(25_000)]
-    others = [
-        Digest("ns/q1", "u", "7", "f", state=UNCERTAIN),
-        Digest("ns/q2", "u", "8", "f", state=DELETING),
-        Digest("ns/q3", "u", "9", "f", prior="old-uid"),
-    ]
-    await store.commit("pods", "42", [*plain, *others], ())
-    chunks: list[int] = []
+    """An error, in the reader thread or while packing what it read, reaches the caller
+    as a ``CheckpointError``; the thread is gone when ``load_bulk`` returns."""
+    from bridge.checkpoints import sqlite
 
-    def convert(rows: list[PlainRow]) -> list[PlainRow]:
-        chunks.append(len(rows))
-        return rows
+    store = SqliteCheckpointStore(tmp_path / "cp.db")
+    await store.open()
+    await store.commit("pods", "42", [d(f"ns/p{i:04d}") for i in range(5_000)], ())
+    monkeypatch.setattr(sqlite, "_CHUNK", 500)  # ten chunks: the reader is ahead
+    real_pack = sqlite._pack_plain
+    for fail_at in (0, 3):
+        calls = iter(range(100))
 
-    bulk = await load_bulk(store, "pods", convert)
-    assert bulk is not None and bulk.resource_version == "42" and len(bulk) == 25_003
-    assert sorted(bulk.plain) == sorted(
-        (d.key, d.uid, d.resource_version, d.fingerprint) for d in plain
-    )
-    assert sorted(bulk.others, key=lambda d: d.key) == others
-    assert sum(chunks) == 25_000
-    if isinstance(store, SqliteCheckpointStore):
-        assert max(chunks) < 25_000  # converted a chunk at a time, never all rows at once
-    assert await load_bulk(store, "nothing", convert) is None
+        def pack(bulk: Any, cols: Any, _n: Any = calls, _at: int = fail_at) -> bool:
+            if next(_n) == _at:
+                raise sqlite3.OperationalError("disk I/O error")
+            return real_pack(bulk, cols)
+
+        monkeypatch.setattr(sqlite, "_pack_plain", pack)
+        with pytest.raises(CheckpointError, match="disk I/O error"):
+            await load_bulk(store, "pods")
+        assert not _readers()
+    monkeypatch.setattr(sqlite, "_pack_plain", real_pack)
+    monkeypatch.setattr(sqlite, "_OTHER_ROWS", "SELECT * FROM no_such_table WHERE ?1")
+    with pytest.raises(CheckpointError, match="no_such_table"):
+        await load_bulk(store, "pods")
+    assert not _readers()
+    monkeypatch.undo()
+    bulk = await load_bulk(store, "pods")  # the store still reads
+    assert bulk is not None and len(bulk) == 5_000 and not bulk.packed  # uids "uid-…": loose
+    await store.close()
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):

@@ -163,3 +163,34 @@ class TestMemory:
         # More buckets, each with its header: ~2 MiB more for good.
         assert after - before < 3 << 20, f"grew by {(after - before) >> 10} KiB"
         assert peak - after < 512 << 10, f"growth held {(peak - after) >> 10} KiB more"
+
+
+class TestLoadColumns:
+    def test_columns_load_as_their_pairs_do(self) -> None:
+        keys = [f"ns/p{i}" for i in range(5000)]
+        values = [value(i) for i in range(5000)]
+        table = PackedTable(5)
+        table.load_columns(keys, values)
+        pairs = PackedTable(5)
+        pairs.load(zip(keys, values, strict=True), expected=len(keys))
+        assert len(table) == 5000
+        assert dict(table.items()) == dict(pairs.items()) == dict(zip(keys, values, strict=True))
+        assert table.get("ns/p4999") == value(4999) and table.get("ns/p5000") is None
+        table.put("ns/p1", value(7))  # an ordinary table afterwards
+        assert table.pop("ns/p2") == value(2) and table.get("ns/p1") == value(7)
+
+    def test_columns_into_a_table_that_holds_keys_add_to_them(self) -> None:
+        table = PackedTable(5)
+        table.put("ns/old", value(1))
+        table.put("ns/p3", value(2))
+        table.load_columns([f"ns/p{i}" for i in range(1000)], [value(i) for i in range(1000)])
+        assert len(table) == 1001
+        assert table.get("ns/old") == value(1) and table.get("ns/p3") == value(3)
+
+    def test_columns_of_other_lengths_or_widths_are_errors(self) -> None:
+        with pytest.raises(ValueError, match="2 keys and 1 values"):
+            PackedTable(5).load_columns(["a", "b"], [value(1)])
+        with pytest.raises(ValueError, match="other lengths in a table of 5-byte values"):
+            PackedTable(5).load_columns(["a", "b"], [value(1), b"123456"])
+        with pytest.raises(ValueError, match="other lengths"):
+            PackedTable(5).load_columns(["a"], [b"1234"])

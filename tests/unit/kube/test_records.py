@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from bridge.delivery.changes import ChangeDetector, ChangeKind, Fingerprinter
 from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
-from bridge.kube.records import LooseRecord, PackedRecord, make_record, records_of_rows
+from bridge.kube.records import (
+    LooseRecord,
+    PackedRecord,
+    make_record,
+    pack_columns,
+    pack_state,
+    unpack_state,
+)
 from bridge.kube.store import Indexer
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -115,28 +122,71 @@ def test_change_detection_against_a_record() -> None:
     assert c.tombstone and c.object == deleted.object
 
 
+# Values a checkpoint may hold: canonical ones (packed), near misses that must not
+# pack (uppercase, a dash moved, whitespace, "+7", "007", "-7", 2**64, other digits).
+_UIDS = st.one_of(
+    st.uuids().map(str),
+    st.uuids().map(str),
+    st.uuids().map(lambda u: str(u).upper()),
+    st.uuids().map(lambda u: str(u).replace("-", "", 1) + "-"),
+    st.uuids().map(lambda u: " " + str(u)[1:]),
+    st.text(),
+)
+_VERSIONS = st.one_of(
+    st.integers(min_value=0, max_value=2**64 + 5).map(str),
+    st.integers(min_value=0, max_value=2**64 + 5).map(str),
+    st.from_regex(r"[0+-][0-9]{1,3}", fullmatch=True),
+    st.sampled_from(["1_0", " 7", "7 ", "\u0663", "", "18446744073709551616"]),
+    st.text(),
+)
+_FPS = st.one_of(
+    st.binary(min_size=16, max_size=16).map(bytes.hex),
+    st.binary(min_size=16, max_size=16).map(bytes.hex),
+    st.binary(min_size=16, max_size=16).map(lambda b: b.hex().upper()),
+    st.binary(min_size=15, max_size=15).map(lambda b: b.hex() + " 0"),
+    st.text(),
+)
+
+
+@given(rows=st.lists(st.tuples(_UIDS, _VERSIONS, _FPS), max_size=40))
+def test_packing_columns_is_packing_each_row_or_nothing(rows: list[tuple[str, str, str]]) -> None:
+    """A column packs only when every row packs, and then exactly as ``make_record``
+    would have packed each (a row that does not read back exactly is never packed)."""
+    uids = [r[0] for r in rows]
+    versions = [r[1] for r in rows]
+    fps = [r[2] for r in rows]
+    one_by_one = [pack_state(*row) for row in rows]
+    packed = pack_columns(uids, fps, versions)
+    if None in one_by_one:
+        assert packed is None
+    else:
+        assert packed == one_by_one
+    for (uid, version, fp), state in zip(rows, one_by_one, strict=True):
+        record = make_record("ns/a", uid, version, fp)
+        assert (state is not None) == isinstance(record, PackedRecord)
+        assert record.values() == (uid, version, fp)
+        if state is not None:
+            assert unpack_state(state) == (uid, version, fp, False)
+
+
 @given(
     rows=st.lists(
         st.tuples(
-            st.text(min_size=1),
-            st.one_of(st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()), st.text()),
-            st.one_of(
-                st.integers(min_value=0, max_value=2**64 + 5).map(str),
-                st.from_regex(r"[0+-][0-9]{1,3}", fullmatch=True),  # never packed
-                st.text(),
-            ),
-            st.one_of(
-                st.binary(min_size=16, max_size=16).map(bytes.hex),
-                st.binary(min_size=16, max_size=16).map(lambda b: b.hex().upper()),
-                st.text(),
-            ),
-        )
+            st.uuids().map(str), _VERSIONS, st.binary(min_size=16, max_size=16).map(bytes.hex)
+        ),
+        min_size=1,
+        max_size=40,
     )
 )
-def test_bulk_conversion_of_checkpoint_rows_is_make_record(
-    rows: list[tuple[str, str, str, str]],
-) -> None:
-    assert list(records_of_rows(rows)) == [make_record(*row) for row in rows]
+def test_canonical_columns_pack(rows: list[tuple[str, str, str]]) -> None:
+    """Columns of canonical values pack whole: the restart's fast path is taken."""
+    rows = [
+        r
+        for r in rows
+        if r[1].isdigit() and r[1].isascii() and str(int(r[1])) == r[1] and int(r[1]) < 2**64
+    ]
+    packed = pack_columns([r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows])
+    assert packed == [pack_state(*r) for r in rows]
 
 
 def test_a_key_moves_between_the_packed_table_and_the_dict_with_its_layout() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject
-from bridge.kube.records import make_record
+from bridge.kube.records import PackedColumns, make_record
 from bridge.kube.store import Indexer
 
 FP = "0123456789abcdef0123456789abcdef"
@@ -53,3 +53,29 @@ def test_replace_swaps_the_whole_content_of_records_and_objects() -> None:
     assert sorted(store.list_keys()) == ["ns1/a", "ns1/b", "ns2/c"]
     assert store.get_by_key("ns1/a") == make_record("ns1/a", UID, "7", FP)
     assert "ns9/old" not in store and "ns1/b" in store
+
+
+def test_a_restart_loads_packed_columns_empties_them_and_items_win() -> None:
+    """A checkpoint's packed columns go into the table whole (and are emptied, so their
+    strings are freed); the items given beside them win over a column's key; a key the
+    table cannot hold is kept all the same."""
+    records = [make_record(f"ns/p{i}", UID, str(i), FP) for i in range(3000)]
+    odd = make_record("ns/\udc80", UID, "1", FP)  # a lone surrogate: not for the table
+    columns = PackedColumns(
+        [r.key for r in records],
+        [r.packed for r in records],  # type: ignore[union-attr]
+    )
+    store = Indexer()
+    store.add(obj("old"))
+    store.replace([make_record("ns/p5", "not-a-uuid", "9", FP)], "42", packed=columns)
+    assert not columns.keys and not columns.packed
+    assert len(store) == 3000 and "ns1/old" not in store
+    assert store.get_by_key("ns/p5") == make_record("ns/p5", "not-a-uuid", "9", FP)
+    assert store.get_by_key("ns/p2999") == records[2999]
+    with_odd = PackedColumns(
+        ["ns/a", odd.key],
+        [records[0].packed, odd.packed],  # type: ignore[union-attr]
+    )
+    store.replace([], packed=with_odd)
+    assert sorted(store.list_keys()) == sorted(["ns/a", odd.key])
+    assert store.get_by_key(odd.key) == odd
