@@ -444,29 +444,30 @@ class KafkaCheckpointStore:
         bulk = BulkCheckpoint(_watermark(rows.watermark))
         digests = rows.digests
         rows.digests = {}
-        packed = _packed_columns(digests, rows.prefix_length)
-        if packed is not None:
-            bulk.packed = packed
-            return bulk
-        # Some records are not packed (uncertain, deleting, an earlier incarnation, or
-        # values that do not pack): sorted one by one.
         cut = rows.prefix_length
-        packed_keys: list[str] = []
-        packed_values: list[bytes] = []
-        for n, (k, v) in enumerate(digests.items()):
-            key = k[cut:].decode()
-            if len(v) == PACKED_WIDTH and v[0] == 0:
-                packed_keys.append(key)
-                packed_values.append(v)
-            else:
-                d = digest_of(key, v)
+        packed = _packed_columns(digests, cut)
+        if packed is None:
+            # After a crash, some records are JSON (written ahead, deleting, an earlier
+            # incarnation, or values that do not pack): taken out first, so the rest
+            # still goes over in columns.
+            odd = [k for k, v in digests.items() if len(v) != PACKED_WIDTH or v[0]]
+            for k in odd:
+                key = k[cut:].decode()
+                d = digest_of(key, digests.pop(k))
                 if d.state or d.prior:
                     bulk.others.append(d)
                 else:
                     bulk.add_plain(key, d.uid, d.resource_version, d.fingerprint)
-            if n % _CHUNK == _CHUNK - 1:
-                await asyncio.sleep(0)
-        bulk.packed.extend(packed_keys, packed_values)
+            packed = _packed_columns(digests, cut)
+        if packed is None:  # keys the columns cannot split: one by one
+            packed = PackedColumns()
+            for n, (k, v) in enumerate(digests.items()):
+                packed.keys.append(k[cut:].decode())
+                packed.packed.append(v)
+                if n % _CHUNK == _CHUNK - 1:
+                    await asyncio.sleep(0)
+        digests.clear()  # the fetched records' bytes, freed before the cache is built
+        bulk.packed = packed
         return bulk
 
     async def watermark(self, resource_id: str) -> str | None:
@@ -646,7 +647,7 @@ def _watermark(value: bytes | None) -> str:
 
 def _packed_columns(digests: dict[bytes, bytes], cut: int) -> PackedColumns | None:
     """The object keys and values of ``digests`` as two columns when every value is a
-    packed state (the common case: a restart after a clean stop), else ``(None, None)``.
+    packed state (the common case), else None.
 
     Checked and decoded over whole columns in C: the keys joined and decoded once
     and split at their shared prefix (it holds a NUL, which no object key does: a
@@ -656,10 +657,10 @@ def _packed_columns(digests: dict[bytes, bytes], cut: int) -> PackedColumns | No
     n = len(digests)
     if not n:
         return PackedColumns()
-    values = list(digests.values())
-    if set(map(len, values)) != {PACKED_WIDTH}:
+    if set(map(len, digests.values())) != {PACKED_WIDTH}:
         return None
-    if b"".join(values)[::PACKED_WIDTH] != bytes(n):
+    joined = b"".join(digests.values())
+    if joined[::PACKED_WIDTH] != bytes(n):
         return None  # a flags byte other than zero: not a certain digest
     prefix = next(iter(digests))[:cut]
     try:
@@ -669,4 +670,8 @@ def _packed_columns(digests: dict[bytes, bytes], cut: int) -> PackedColumns | No
     if len(keys) != n + 1 or keys[0]:
         return None
     del keys[0]
+    # The values sliced anew rather than the fetched ones: those lie among the
+    # records' keys, and once both are freed their memory goes back whole (RSS at
+    # ready +171-180 MiB at a million digests with them, ~125 MiB this way).
+    values = [joined[i : i + PACKED_WIDTH] for i in range(0, len(joined), PACKED_WIDTH)]
     return PackedColumns(keys, values)

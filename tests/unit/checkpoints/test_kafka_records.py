@@ -154,3 +154,37 @@ def test_a_plain_digest_is_its_packed_state_and_any_other_is_json() -> None:
         assert (digest_value(d)[:1] == b"[") is (d is not plain)
     with pytest.raises(CheckpointError, match="'ns/a': not a digest"):
         digest_of("ns/a", b"\x01" * 41)
+
+
+async def bulk_of(records: list[tuple[bytes, bytes | None]]) -> Any:
+    """``load_bulk`` of resource "r" from these records, as if read from the topic."""
+    f = _Fold(None)
+    f.add([SimpleNamespace(key=k, value=v) for k, v in records])
+    store = KafkaCheckpointStore({"bootstrap_servers": ["unused:9092"]}, "cp")
+    store._rows, store._open = f.rows, True
+    return await store.load_bulk("r")
+
+
+async def test_a_bulk_load_hands_packed_values_over_and_sorts_out_the_others() -> None:
+    """All packed: keys and values in columns. After a crash some are JSON: those come
+    out as digests (or loose records), the rest still in columns. A key the columns
+    cannot split (it holds the prefix's NUL): one by one, nothing lost."""
+    uid, fp = "0f8fad5b-d9cb-469f-a165-70867728950e", "00112233445566778899aabbccddeeff"
+    plain = [Digest(f"ns/p{i}", uid, str(100 + i), fp) for i in range(50)]
+    bulk = await bulk_of(commit_records("r", "9", plain, []))
+    assert not bulk.others and not bulk.loose and bulk.resource_version == "9"
+    assert dict(zip(bulk.packed.keys, bulk.packed.packed, strict=True)) == {
+        d.key: pack_state(d.uid, d.resource_version, d.fingerprint) for d in plain
+    }
+    ahead = Digest("ns/p3", uid, "200", fp, UNCERTAIN)
+    odd = Digest("ns/odd", "not-a-uuid", "7", fp)
+    nul = Digest("ns/d\x00r\x00y", uid, "8", fp)
+    records = commit_records("r", "9", [*plain, odd, nul], []) + commit_records(
+        "r", None, [ahead], []
+    )
+    bulk = await bulk_of(records)
+    assert bulk.others == [ahead]
+    assert [r.key for r in bulk.loose] == ["ns/odd"]
+    packed = dict(zip(bulk.packed.keys, bulk.packed.packed, strict=True))
+    assert set(packed) == {d.key for d in plain} - {"ns/p3"} | {nul.key}
+    assert packed[nul.key] == pack_state(uid, "8", fp)
