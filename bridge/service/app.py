@@ -630,26 +630,31 @@ class BridgeApp:
         if self.settings.checkpoint.kind in ("sqlite", "memory"):
             await self.checkpoints.open()
             return True
-        return await self._open_checkpoints(stop, asyncio.Event())
+        return await self._open_checkpoints(stop)
 
-    async def _open_checkpoints(self, stop: asyncio.Event, lost: asyncio.Event) -> bool:
-        """Open the checkpoint store for a leadership term, retrying (not-ready) while it
-        cannot be opened: a store still held by the old leader (SQLite's lock, until that
-        process has flushed and let go) or one that is unreachable. False: the term
-        ended, or the bridge is stopping, before it opened."""
+    async def _open_checkpoints(
+        self, stop: asyncio.Event, lost: asyncio.Event | None = None
+    ) -> bool:
+        """Open the checkpoint store, retrying (not-ready) while it cannot be opened: one
+        that is unreachable or, for a leadership term (``lost`` given), one still held
+        by the old leader (SQLite's lock, until that process has flushed and let go).
+        False: the term ended, or the bridge is stopping, before it opened."""
 
         def unreachable(reason: str) -> None:
             self._checkpoint_unavailable = reason
 
-        # An old leader may hold SQLite's lock for its whole last flush: one warning per
-        # reason, not one per attempt; readiness names the reason meanwhile.
+        waiting = "the checkpoint store cannot be opened yet; retrying"
         opened = await until_reachable(
             self.checkpoints.open,
             retry_on=CheckpointError,
-            until=[stop, lost],
+            until=[e for e in (stop, lost) if e is not None],
             backoff=self._backoff(),
-            warning="leading, but the checkpoint store cannot be opened yet; retrying",
+            # A bridge without leader election leads nothing; saying so would send an
+            # operator looking for a Lease.
+            warning=waiting if lost is None else f"leading, but {waiting}",
             unreachable=unreachable,
+            # An old leader may hold SQLite's lock for its whole last flush: one warning
+            # per reason, not one per attempt; readiness names the reason meanwhile.
             repeat_warning=False,
         )
         self._checkpoint_unavailable = None

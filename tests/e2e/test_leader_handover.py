@@ -257,6 +257,7 @@ async def test_a_leader_waits_for_a_held_store_and_lets_go_of_it_with_the_lease(
         # One warning for the one reason, however many retries it took; the term
         # went on: no pipelines stopped, no store closed and reopened in between.
         assert warnings(a) == 1, a.tail_log()
+        assert "leading, but the checkpoint store cannot be opened yet" in a.log.read_text()
         assert "stopped leading" not in a.log.read_text(), a.tail_log()
 
         # Someone else takes the Lease (as a rival does once a renewal fails): the

@@ -364,3 +364,5 @@ async def test_a_checkpoint_store_unreachable_at_start_is_retried_not_ready(
     assert [e["subject"] for e in events] == ["default/a"]
     warnings = [line for line in logs if "checkpoint store cannot be opened yet" in line["event"]]
     assert len(warnings) == 1, warnings
+    # Not "leading, but ...": there is no leader election to lead in.
+    assert warnings[0]["event"] == "the checkpoint store cannot be opened yet; retrying"
