@@ -15,12 +15,13 @@ import functools
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from bridge.aiotasks import cancel_and_wait
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.changes import ChangeDetector
 from bridge.delivery.filters import Filter
@@ -73,6 +74,52 @@ _SETTLE_AFTER_SYNC = 30.0
 
 def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+async def until_reachable(
+    attempt: Callable[[], Awaitable[object]],
+    *,
+    retry_on: type[Exception],
+    until: Sequence[asyncio.Event],
+    backoff: Backoff,
+    warning: str,
+    unreachable: Callable[[str], None] | None = None,
+    repeat_warning: bool = True,
+    **fields: object,
+) -> bool:
+    """``attempt`` until it gets through (True) or one of ``until`` is set (False).
+
+    ``retry_on`` is what heals by itself (a server restarting, a lock its old
+    holder is about to let go of); anything else needs a person and propagates
+    at once. While it fails, ``unreachable`` hears why, for readiness, and
+    ``warning`` is logged with the error and ``fields``: at every attempt, or
+    with ``repeat_warning`` False once per distinct error.
+    """
+    warned: str | None = None
+    while not any(e.is_set() for e in until):
+        try:
+            await attempt()
+        except retry_on as e:
+            reason = str(e)
+            if unreachable is not None:
+                unreachable(reason)
+            if repeat_warning or reason != warned:
+                warned = reason
+                log.warning(warning, **fields, error=reason)
+            await _any_set(until, backoff.next_delay())
+            continue
+        return True
+    return False
+
+
+async def _any_set(events: Sequence[asyncio.Event], timeout: float) -> None:
+    """Sleep ``timeout`` seconds, cut short by any of ``events``: a stopping bridge
+    or a lost Lease must not wait out a backoff of up to 30 s."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(waiters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,22 +327,21 @@ class BridgeApp:
     # -- running ----------------------------------------------------------------
 
     async def start_sink(self, stop: asyncio.Event) -> bool:
-        """Connect to the bus, retrying while it is unreachable (not-ready meanwhile)."""
-        backoff = self._backoff()
-        while not stop.is_set():
-            try:
-                await self.sink.start()
-            except SinkUnavailableError as e:
-                log.warning(
-                    "sink unreachable; retrying", sink=self.settings.sink.kind, error=str(e)
-                )
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(backoff.next_delay()):
-                        await stop.wait()
-                continue
+        """Connect to the bus, retrying while it is unreachable (not-ready meanwhile:
+        "not connected" until it is)."""
+        # Readiness does not say why the bus is unreachable: a warning at every attempt
+        # keeps the reason, and that the bridge is still trying, in the log.
+        started = await until_reachable(
+            self.sink.start,
+            retry_on=SinkUnavailableError,
+            until=[stop],
+            backoff=self._backoff(),
+            warning="sink unreachable; retrying",
+            sink=self.settings.sink.kind,
+        )
+        if started:
             self._sink_started = True
-            return True
-        return False
+        return started
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
@@ -405,21 +451,22 @@ class BridgeApp:
         transactions = getattr(self.sink, "transactions", None)
         if transactions is None:
             return True
-        backoff = self._backoff()
         ids = [p.resource_id for p in self.pipelines]
-        while not stop.is_set() and not (lost is not None and lost.is_set()):
-            try:
-                await transactions.start(ids)
-            except SinkUnavailableError as e:
-                self._sink_unreachable = str(e)
-                log.warning("cannot start the transactional producers; retrying", error=str(e))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(backoff.next_delay()):
-                        await stop.wait()
-                continue
+
+        def unreachable(reason: str) -> None:
+            self._sink_unreachable = reason
+
+        started = await until_reachable(
+            lambda: transactions.start(ids),
+            retry_on=SinkUnavailableError,
+            until=[e for e in (stop, lost) if e is not None],
+            backoff=self._backoff(),
+            warning="cannot start the transactional producers; retrying",
+            unreachable=unreachable,
+        )
+        if started:
             self._sink_unreachable = None
-            return True
-        return False
+        return started
 
     # -- snapshot signals (POST /snapshot) ---------------------------------------
 
@@ -583,40 +630,35 @@ class BridgeApp:
         if self.settings.checkpoint.kind in ("sqlite", "memory"):
             await self.checkpoints.open()
             return True
-        return await self._open_checkpoints(stop, asyncio.Event())
+        return await self._open_checkpoints(stop)
 
-    async def _open_checkpoints(self, stop: asyncio.Event, lost: asyncio.Event) -> bool:
-        """Open the checkpoint store for a leadership term, retrying (not-ready) while it
-        cannot be opened: a store still held by the old leader (SQLite's lock, until that
-        process has flushed and let go) or one that is unreachable. False: the term
-        ended, or the bridge is stopping, before it opened."""
-        backoff = self._backoff()
-        warned: str | None = None
-        while not (stop.is_set() or lost.is_set()):
-            try:
-                await self.checkpoints.open()
-            except CheckpointError as e:
-                self._checkpoint_unavailable = str(e)
-                if str(e) != warned:
-                    warned = str(e)
-                    log.warning(
-                        "leading, but the checkpoint store cannot be opened yet; retrying",
-                        error=str(e),
-                    )
-                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
-                try:
-                    await asyncio.wait(
-                        waiters, timeout=backoff.next_delay(), return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    for w in waiters:
-                        w.cancel()
-                    await asyncio.gather(*waiters, return_exceptions=True)
-                continue
-            self._checkpoint_unavailable = None
-            return True
+    async def _open_checkpoints(
+        self, stop: asyncio.Event, lost: asyncio.Event | None = None
+    ) -> bool:
+        """Open the checkpoint store, retrying (not-ready) while it cannot be opened: one
+        that is unreachable or, for a leadership term (``lost`` given), one still held
+        by the old leader (SQLite's lock, until that process has flushed and let go).
+        False: the term ended, or the bridge is stopping, before it opened."""
+
+        def unreachable(reason: str) -> None:
+            self._checkpoint_unavailable = reason
+
+        waiting = "the checkpoint store cannot be opened yet; retrying"
+        opened = await until_reachable(
+            self.checkpoints.open,
+            retry_on=CheckpointError,
+            until=[e for e in (stop, lost) if e is not None],
+            backoff=self._backoff(),
+            # A bridge without leader election leads nothing; saying so would send an
+            # operator looking for a Lease.
+            warning=waiting if lost is None else f"leading, but {waiting}",
+            unreachable=unreachable,
+            # An old leader may hold SQLite's lock for its whole last flush: one warning
+            # per reason, not one per attempt; readiness names the reason meanwhile.
+            repeat_warning=False,
+        )
         self._checkpoint_unavailable = None
-        return False
+        return opened
 
     async def _close_checkpoints(self) -> None:
         try:

@@ -36,6 +36,8 @@ class MemorySink:
         self.delay = delay
         self._failures = 0
         self._error: type[SinkError] = SinkUnavailableError
+        # As on KafkaSink: the app takes a sink with transactions for exactly-once.
+        self.transactions: MemoryTransactions | None = None
 
     def fail_next(self, n: int = 1, error: type[SinkError] = SinkUnavailableError) -> None:
         self._failures = n
@@ -78,3 +80,38 @@ class MemorySink:
 
     def by_subject(self, subject: str) -> list[Event]:
         return [e for e in self.events if e.subject == subject]
+
+
+class MemoryTransactions:
+    """The twin of Kafka's transactional producers (``sink.kafka.exactlyOnce``); set
+    as ``MemorySink.transactions``, each resource's channel publishes to that sink.
+
+    ``available = False`` makes ``start`` raise ``SinkUnavailableError``, as
+    starting the producers does while the broker cannot be reached; ``attempts``
+    counts the calls, ``started`` keeps the resource ids of those that got through.
+    """
+
+    def __init__(self, sink: MemorySink) -> None:
+        self.sink = sink
+        self.available = True
+        self.attempts = 0
+        self.started: list[list[str]] = []
+
+    async def start(self, resource_ids: Sequence[str]) -> None:
+        self.attempts += 1
+        if not self.available:
+            raise SinkUnavailableError("memory transactions are unavailable")
+        self.started.append(list(resource_ids))
+
+    def channel(self, resource_id: str) -> _MemoryChannel:
+        return _MemoryChannel(self.sink)
+
+
+class _MemoryChannel:
+    def __init__(self, sink: MemorySink) -> None:
+        self._sink = sink
+
+    async def publish(self, events: Sequence[Event], records: object) -> Mapping[int, str]:
+        # The checkpoint rows would go in the same transaction; the twin has no log
+        # to write them to, so only the events land.
+        return await self._sink.publish(events)

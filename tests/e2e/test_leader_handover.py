@@ -243,6 +243,10 @@ async def test_a_leader_waits_for_a_held_store_and_lets_go_of_it_with_the_lease(
 
         await until(held_not_ready, 20, a.tail_log)
         await until(lambda: warnings(a) >= 1, 10, a.tail_log)
+        # Held a while longer (the backoff starts at 0.5 s): a few more attempts,
+        # still within the one term.
+        await asyncio.sleep(2.0)
+        assert (await a.readyz())[0] == 503
         assert a.proc.returncode is None
     finally:
         await old.close()
@@ -250,8 +254,11 @@ async def test_a_leader_waits_for_a_held_store_and_lets_go_of_it_with_the_lease(
         await a.wait_ready()
         assert lock_holder(tmp_path, "sqlite") == str(a.proc.pid)
         await probe(emulator, nats_control.url, pod("after"), message=a.tail_log)
-        # One warning for the one reason, however many retries it took.
+        # One warning for the one reason, however many retries it took; the term
+        # went on: no pipelines stopped, no store closed and reopened in between.
         assert warnings(a) == 1, a.tail_log()
+        assert "leading, but the checkpoint store cannot be opened yet" in a.log.read_text()
+        assert "stopped leading" not in a.log.read_text(), a.tail_log()
 
         # Someone else takes the Lease (as a rival does once a renewal fails): the
         # replica stops leading, closes the store and exits 0, client-go's way (its

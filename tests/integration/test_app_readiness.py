@@ -2,8 +2,10 @@
 
 /readyz is what a Kubernetes readiness probe (and a rollout) sees: 503 with
 the reasons until every informer has synced, 503 naming the sink while the
-bus refuses events, 200 otherwise. A kind the API server does not serve stops
-start-up with one error naming it.
+bus refuses events, 200 otherwise. A bus, transactional producers or a
+checkpoint store that cannot be reached at start keep it 503 and are retried
+until they can. A kind the API server does not serve stops start-up with one
+error naming it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.errors import UnknownKindError
 from bridge.service.app import BridgeApp
 from bridge.service.settings import Settings, load_settings
-from tests.doubles.memory_sink import MemorySink
-from tests.e2e.bridge_process import until
+from tests.doubles.memory_sink import MemorySink, MemoryTransactions
+from tests.e2e.bridge_process import jetstream_events, until
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -270,3 +273,103 @@ async def test_the_app_leaves_the_process_alone_and_calls_its_after_sync_step_on
         await asyncio.wait_for(called.wait(), 15)
     assert calls == [(1, switch, threshold, 0)]
     assert (sys.getswitchinterval(), gc.get_threshold()) == (switch, threshold)
+
+
+def warned(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [line for line in logs if line["event"] == event and line["log_level"] == "warning"]
+
+
+async def test_a_bus_unreachable_at_start_is_retried_not_ready_until_it_answers(
+    kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """A bus still starting when the bridge does (both rolled out together) is no
+    reason to crash-loop: not ready naming the sink, a warning per attempt, and
+    the first sync published once the bus answers."""
+    emulator.create(pod("a"))
+    nats_control.stop()
+    settings = settings_for(
+        kubeconfig,
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+    )
+    app = BridgeApp(settings, checkpoints=MemoryCheckpointStore())
+    with capture_logs() as logs:
+        async with running(app) as r:
+            code, body = await r.readyz()
+            assert code == 503 and "sink nats: not connected" in body, body
+            await until(
+                lambda: len(warned(logs, "sink unreachable; retrying")) >= 2, 15, lambda: f"{logs}"
+            )
+            assert (await r.readyz())[0] == 503
+            nats_control.start()
+            await until(lambda: status_is(r, 200), 20, lambda: "not ready after the bus came up")
+            events = await jetstream_events(nats_control.url)
+    assert [e["subject"] for e in events] == ["default/a"]
+    first = warned(logs, "sink unreachable; retrying")[0]
+    assert first["sink"] == "nats" and nats_control.url in first["error"], first
+
+
+async def test_transactional_producers_that_cannot_start_are_retried_not_ready(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """Exactly-once: the producers (which fence a previous holder) must start before
+    any pipeline reads its checkpoint; while they cannot, the bridge is not ready,
+    naming the sink, and retries until they do."""
+    emulator.create(pod("a"))
+    sink = MemorySink()
+    sink.transactions = transactions = MemoryTransactions(sink)
+    transactions.available = False
+    settings = settings_for(kubeconfig, resources=[{"apiVersion": "v1", "kind": "Pod"}])
+    app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
+    with capture_logs() as logs:
+        async with running(app) as r:
+            await until(lambda: transactions.attempts >= 2, 15, lambda: f"{logs}")
+            code, body = await r.readyz()
+            assert code == 503, body
+            assert "sink stdout: memory transactions are unavailable" in body, body
+            assert sink.events == []
+            transactions.available = True
+            await until(lambda: status_is(r, 200), 20, lambda: "not ready after they started")
+            await until(lambda: len(sink.events) == 1, 5)
+    assert transactions.started == [["core/v1/pods"]]
+    assert [e.subject for e in sink.events] == ["default/a"]
+    assert warned(logs, "cannot start the transactional producers; retrying")
+
+
+async def test_a_checkpoint_store_unreachable_at_start_is_retried_not_ready(
+    kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """Without leader election, a store on a server (the NATS KV bucket) that cannot
+    be reached yet is waited for, not ready naming the store, with one warning for
+    one reason however many attempts it takes."""
+    emulator.create(pod("a"))
+    nats_control.stop()
+    settings = settings_for(
+        kubeconfig,
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        checkpoint={"kind": "nats-kv", "flushInterval": 0.05},
+    )
+    app = BridgeApp(settings)
+    attempts = 0
+    open_store = app.checkpoints.open
+
+    async def counted_open() -> None:
+        nonlocal attempts
+        attempts += 1
+        await open_store()
+
+    app.checkpoints.open = counted_open  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        async with running(app) as r:
+            await until(lambda: attempts >= 3, 20, lambda: f"{logs}")
+            code, body = await r.readyz()
+            assert code == 503 and "checkpoint nats-kv: " in body, body
+            nats_control.start()
+            await until(lambda: status_is(r, 200), 20, lambda: "not ready after the store came up")
+            events = await jetstream_events(nats_control.url)
+    assert [e["subject"] for e in events] == ["default/a"]
+    warnings = [line for line in logs if "checkpoint store cannot be opened yet" in line["event"]]
+    assert len(warnings) == 1, warnings
+    # Not "leading, but ...": there is no leader election to lead in.
+    assert warnings[0]["event"] == "the checkpoint store cannot be opened yet; retrying"
