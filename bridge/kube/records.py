@@ -297,8 +297,10 @@ def pack_columns(
     try:
         raw_uids = bytes.fromhex(hex_uids)
         raw_fps = bytes.fromhex(joined_fps)
-        # A plain decimal below 2**64 reads back as itself; "007", "+7", " 7", "7_0"
-        # and "-7" do not (the last fails to pack unsigned).
+        # A plain decimal of at most 19 digits (``pack_state``'s bound) reads back as
+        # itself; "007", "+7", " 7", "7_0" and "-7" do not.
+        if max(map(len, resource_versions)) > 19:
+            return None
         versions = list(map(int, resource_versions))
         if list(map(str, versions)) != resource_versions:
             return None

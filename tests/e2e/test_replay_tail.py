@@ -69,6 +69,10 @@ def checkpoint_rows(db: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ..
         con.close()
 
 
+def resource_count(config: Path) -> int:
+    return len(yaml.safe_load(config.read_text())["resources"])
+
+
 def pod_watermark(db: Path) -> int:
     marks, _ = checkpoint_rows(db)
     return next((int(rv) for rid, rv in marks if rid == "core/v1/pods" and rv), 0)
@@ -264,7 +268,15 @@ async def test_replay_after_compaction_beside_the_running_bridge_reads_its_check
     try:
         await bridge.wait_ready()
         mid = emulator.resource_version
-        await until(lambda: pod_watermark(db) >= mid, 20, bridge.tail_log)
+        resources = resource_count(config)
+
+        def settled() -> bool:
+            # Every resource's first watermark is in: the running bridge writes
+            # nothing more, so any change to the file below is the replay's.
+            marks, _ = checkpoint_rows(db)
+            return len(marks) == resources and all(rv and int(rv) >= mid for _, rv in marks)
+
+        await until(settled, 20, bridge.tail_log)
         emulator.chaos.compact()
         before = checkpoint_rows(db)
         rc, _, err = await cli(
