@@ -50,6 +50,16 @@ class CheckpointStore(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ProbedStore(Protocol):
+    """A store whose ``open`` has effects a diagnostic must not have: it creates what
+    is missing (a topic, a bucket) or reads the whole checkpoint. ``k8s-bridge
+    check`` asks ``probe`` instead: one line on what ``open`` would find, or the
+    ``BridgeError`` it would raise, with nothing created or read."""
+
+    async def probe(self) -> str: ...
+
+
 @dataclass
 class BulkCheckpoint:
     """A checkpoint as a restart reads it. Nearly every row is certain and has no

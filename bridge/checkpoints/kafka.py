@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiokafka.errors as kerrors
@@ -318,23 +318,57 @@ class KafkaCheckpointStore:
         self._taken.clear()
         self._open = True
 
-    async def _ensure_topic(self) -> None:
+    async def probe(self) -> str:
+        """What ``open`` would find, without what it does (``k8s-bridge check``): the
+        topic is described, never created, and its records are not read.
+
+        Returns one line for a topic ``open`` would take, or would create; raises as
+        ``open`` does: ``ConfigError`` for a topic it refuses (``_check``, the same
+        checks), ``CheckpointError`` when Kafka cannot be reached.
+        """
+        try:
+            async with asyncio.timeout(self.timeout), self._admin() as admin:
+                if self.topic not in await admin.list_topics():
+                    replicas = await self._replicas(admin)
+                    return (
+                        f"topic {self.topic!r} does not exist yet: the first start creates it"
+                        f" (one partition, cleanup.policy=compact, replication factor {replicas})"
+                    )
+                await self._check(admin)
+        except _UNREACHABLE as exc:
+            raise CheckpointError(f"{self.where}: cannot describe the topic: {exc!r}") from exc
+        return (
+            f"topic {self.topic!r} has one partition and cleanup.policy=compact"
+            " (its records not read)"
+        )
+
+    @contextlib.asynccontextmanager
+    async def _admin(self) -> AsyncIterator[AIOKafkaAdminClient]:
         admin = AIOKafkaAdminClient(**self._options, request_timeout_ms=int(self.timeout * 1000))
         await admin.start()
         try:
+            yield admin
+        finally:
+            await admin.close()
+
+    async def _ensure_topic(self) -> None:
+        async with self._admin() as admin:
             # list_topics, not a metadata request naming the topic: a broker with
             # auto.create.topics.enable would create it, uncompacted.
             if self.topic not in await admin.list_topics():
                 await self._create(admin)
             await self._check(admin)
-        finally:
-            await admin.close()
+
+    async def _replicas(self, admin: AIOKafkaAdminClient) -> int:
+        """Replicas of the topic when the store creates it: as configured, else the
+        cluster's brokers, one to three."""
+        if self.replication_factor is not None:
+            return self.replication_factor
+        brokers = (await admin.describe_cluster()).get("brokers") or []
+        return max(1, min(3, len(brokers)))
 
     async def _create(self, admin: AIOKafkaAdminClient) -> None:
-        replicas = self.replication_factor
-        if replicas is None:
-            brokers = (await admin.describe_cluster()).get("brokers") or []
-            replicas = max(1, min(3, len(brokers)))
+        replicas = await self._replicas(admin)
         response = await admin.create_topics(
             [NewTopic(self.topic, 1, replicas, topic_configs={"cleanup.policy": "compact"})]
         )

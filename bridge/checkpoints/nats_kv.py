@@ -119,11 +119,9 @@ class NatsKvCheckpointStore:
     def where(self) -> str:
         return f"NATS KV bucket {self.bucket!r} at {','.join(self.servers)}"
 
-    async def open(self) -> None:
-        if self._nc is not None:
-            return
+    async def _connect(self) -> Client:
         try:
-            nc = await connect(
+            return await connect(
                 self.servers,
                 connect_timeout=self.connect_timeout,
                 credentials=self.credentials,
@@ -132,6 +130,30 @@ class NatsKvCheckpointStore:
             )
         except SinkError as exc:
             raise CheckpointError(f"{self.where}: {exc}") from exc
+
+    async def probe(self) -> str:
+        """What ``open`` would find, without creating a missing bucket
+        (``k8s-bridge check``); raises ``CheckpointError`` as ``open`` does."""
+        nc = await self._connect()
+        try:
+            js = nc.jetstream(timeout=self.connect_timeout)
+            try:
+                await js.key_value(self.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return (
+                    f"bucket {self.bucket!r} does not exist yet: the first start creates it"
+                    " (history 1)"
+                )
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise CheckpointError(f"{self.where}: cannot open: {exc!r}") from exc
+        finally:
+            await close_quietly(nc)
+        return f"bucket {self.bucket!r} exists"
+
+    async def open(self) -> None:
+        if self._nc is not None:
+            return
+        nc = await self._connect()
         try:
             js = nc.jetstream(timeout=self.connect_timeout)
             try:

@@ -7,7 +7,7 @@ import fcntl
 import os
 from typing import TextIO
 
-from bridge.checkpoints.base import CheckpointStore
+from bridge.checkpoints.base import CheckpointStore, ProbedStore
 from bridge.errors import BridgeError, ForbiddenError, NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
@@ -422,7 +422,18 @@ async def _check_checkpoints(settings: Settings, report: _Report) -> None:
     path = settings.checkpoint.path
     sqlite_file = settings.checkpoint.kind == "sqlite" and path != ":memory:"
     holder = await asyncio.to_thread(sqlite_holder, path) if sqlite_file else None
-    problem = await _opens(_checkpoint_store(settings, holder))
+    store = _checkpoint_store(settings, holder)
+    if isinstance(store, ProbedStore):
+        # Its open would create a missing topic or bucket (and the Kafka store reads
+        # its whole topic): asked what open would find instead, nothing created or read.
+        try:
+            report.ok(what, await store.probe())
+        except BridgeError as e:
+            report.fail(what, str(e))
+        finally:
+            await _close(store)
+        return
+    problem = await _opens(store)
     if problem is not None and sqlite_file and holder is None:
         # A bridge may have taken the lock since it was probed: read beside it then.
         holder = await asyncio.to_thread(sqlite_holder, path)
@@ -456,8 +467,12 @@ async def _opens(store: CheckpointStore) -> str | None:
     except OSError as e:
         return f"cannot open: {e}"
     finally:
-        try:
-            await store.close()
-        except BridgeError:
-            pass
+        await _close(store)
     return None
+
+
+async def _close(store: CheckpointStore) -> None:
+    try:
+        await store.close()
+    except BridgeError:
+        pass

@@ -228,6 +228,36 @@ async def test_a_checkpoint_held_by_a_live_process_is_read_not_failed(
     assert "ok    checkpoint sqlite: opens" in lines
 
 
+async def test_a_missing_checkpoint_bucket_is_said_and_left_missing(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    """The store's open creates a missing bucket; check says the first start will."""
+    import nats
+    import nats.js.errors
+
+    bucket = f"cp-{uuid.uuid4().hex[:8]}"
+    checkpoint = {"kind": "nats-kv", "bucket": bucket}
+    config = nats_config(tmp_path, kubeconfig, nats_control.url, checkpoint=checkpoint)
+    code, lines, err = await check(config)
+    assert "Traceback" not in err, err
+    assert code == 0, (lines, err)
+    assert (
+        f"ok    checkpoint nats-kv: bucket {bucket!r} does not exist yet: the first start"
+        " creates it (history 1)"
+    ) in lines, lines
+    nc = await nats.connect(nats_control.url)
+    try:
+        js = nc.jetstream()
+        with pytest.raises(nats.js.errors.BucketNotFoundError):
+            await js.key_value(bucket)
+        await js.create_key_value(bucket=bucket, history=1)
+        code, lines, err = await check(config)
+        assert code == 0, (lines, err)
+        assert f"ok    checkpoint nats-kv: bucket {bucket!r} exists" in lines, lines
+    finally:
+        await nc.close()
+
+
 # -- the bus's durability: warnings, one line each, never a failure ------------------------
 
 

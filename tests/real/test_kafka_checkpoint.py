@@ -2,7 +2,9 @@
 Apache Kafka broker: how the topic is made or refused, what a read after a long
 and compacted history gives, what an unreachable broker does, and a bridge
 killed with -9 that publishes, on restart, exactly the deletes made while it
-was down (Kafka only: the sink and the checkpoint, no NATS anywhere).
+was down (Kafka only: the sink and the checkpoint, no NATS anywhere), and what
+``k8s-bridge check`` does with the topic: describes it, never creates it, never
+reads its records.
 
 The contract every store keeps runs against this one too
 (tests/integration/checkpoints/test_contract.py).
@@ -11,6 +13,7 @@ The contract every store keeps runs against this one too
 from __future__ import annotations
 
 import asyncio
+import io
 import random
 import uuid
 from pathlib import Path
@@ -25,7 +28,7 @@ from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.errors import CheckpointError, ConfigError
-from tests.e2e.bridge_process import BridgeProcess, kill9, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, free_port, kill9, until, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
 from tests.real.kafkabus import decoded, pod, read_topic
@@ -424,3 +427,144 @@ async def test_a_watermark_is_read_without_taking_the_rows(real_kafka: KafkaBrok
         assert await s.watermark("r") == "8"
     finally:
         await s.close()
+
+
+# --- k8s-bridge check: the topic described, never created, its records never read ----
+
+
+def check_config(tmp_path: Path, kubeconfig: Path, bootstrap: str, topic: str) -> Path:
+    return write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={
+            "kind": "kafka",
+            "kafka": {"bootstrapServers": [bootstrap], "topic": f"ev-{uuid.uuid4().hex[:8]}"},
+        },
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        checkpoint={"kind": "kafka", "kafka": {"topic": topic}},
+    )
+
+
+async def check(config: Path) -> tuple[int, list[str]]:
+    code, out, err = await cli("check", "--config", str(config), timeout=60)
+    assert "Traceback" not in err, err
+    return code, out.splitlines()
+
+
+async def topics(bootstrap: str) -> list[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+async def test_check_leaves_a_missing_topic_missing_and_says_the_first_start_creates_it(
+    tmp_path: Path, kubeconfig: Path, real_kafka: KafkaBroker
+) -> None:
+    """The store's open creates the topic; check only says so, on a broker that would
+    auto-create it too (a metadata request naming it would)."""
+    topic = f"cp-{uuid.uuid4().hex[:8]}"
+    code, lines = await check(check_config(tmp_path, kubeconfig, real_kafka.bootstrap, topic))
+    assert code == 0, lines
+    assert (
+        f"ok    checkpoint kafka: topic {topic!r} does not exist yet: the first start creates it"
+        " (one partition, cleanup.policy=compact, replication factor 1)"
+    ) in lines, lines
+    assert topic not in await topics(real_kafka.bootstrap)
+
+
+async def test_check_describes_a_topic_with_records_without_reading_them(
+    tmp_path: Path, kubeconfig: Path, real_kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check`` in process, with spies on the store's read path (its consumer and
+    its fetch): the store's own open goes through them, check's probe does not."""
+    import bridge.checkpoints.kafka as kafka_store
+    from bridge.cli.check import run_checks
+    from bridge.service.settings import load_settings
+
+    topic = f"cp-{uuid.uuid4().hex[:8]}"
+    s = store(real_kafka.bootstrap, topic)
+    await s.open()
+    try:
+        digests = [Digest(f"ns/p{i}", f"u{i}", "9", "f") for i in range(5000)]
+        await s.commit("core/v1/pods", "9", digests, [])
+    finally:
+        await s.close()
+
+    consumers: list[dict[str, Any]] = []
+    fetches: list[int] = []
+    real_fetch = kafka_store._fetch_into
+
+    class SpyConsumer(kafka_store.AIOKafkaConsumer):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            consumers.append(kw)
+            super().__init__(*args, **kw)
+
+    async def spy_fetch(consumer: Any, tp: Any, position: int, fold: Any) -> int:
+        fetches.append(position)
+        return await real_fetch(consumer, tp, position, fold)
+
+    monkeypatch.setattr(kafka_store, "AIOKafkaConsumer", SpyConsumer)
+    monkeypatch.setattr(kafka_store, "_fetch_into", spy_fetch)
+    # The spies see a read: the store's open reads the 5000 records through them.
+    s = store(real_kafka.bootstrap, topic)
+    await s.open()
+    await s.close()
+    assert consumers and fetches
+    consumers.clear()
+    fetches.clear()
+
+    out = io.StringIO()
+    settings = load_settings(str(check_config(tmp_path, kubeconfig, real_kafka.bootstrap, topic)))
+    code = await run_checks(settings, out)
+    lines = out.getvalue().splitlines()
+    assert code == 0, lines
+    assert (
+        f"ok    checkpoint kafka: topic {topic!r} has one partition and cleanup.policy=compact"
+        " (its records not read)"
+    ) in lines, lines
+    assert consumers == [] and fetches == []
+
+
+@pytest.mark.parametrize(
+    ("partitions", "configs", "says"),
+    [
+        (2, {"cleanup.policy": "compact"}, "the topic has 2 partitions"),
+        (1, {"cleanup.policy": "delete"}, "the topic has cleanup.policy=delete"),
+    ],
+)
+async def test_check_fails_on_a_topic_the_store_would_refuse_in_its_one_line(
+    tmp_path: Path,
+    kubeconfig: Path,
+    real_kafka: KafkaBroker,
+    partitions: int,
+    configs: dict[str, str],
+    says: str,
+) -> None:
+    topic = f"cp-{uuid.uuid4().hex[:8]}"
+    await create_topic(real_kafka.bootstrap, topic, partitions, **configs)
+    code, lines = await check(check_config(tmp_path, kubeconfig, real_kafka.bootstrap, topic))
+    assert code == 1, lines
+    (failed,) = [line for line in lines if line.startswith("FAIL")]
+    assert failed.startswith(
+        f"FAIL  checkpoint kafka: config error: checkpoint.kafka.topic {topic!r}: {says}"
+    ), failed
+    # The store's own message, the same open raises.
+    s = store(real_kafka.bootstrap, topic)
+    with pytest.raises(ConfigError) as caught:
+        await s.open()
+    await s.close()
+    assert failed == f"FAIL  checkpoint kafka: {caught.value}"
+
+
+async def test_the_probe_of_an_unreachable_cluster_is_a_checkpoint_error_in_one_line() -> None:
+    """What ``open`` raises for a cluster it cannot reach: ``check`` fails the line."""
+    s = store(f"127.0.0.1:{free_port()}", "cp-nowhere", timeout=5)
+    with pytest.raises(CheckpointError) as caught:
+        await s.probe()
+    await s.close()
+    message = str(caught.value)
+    assert "\n" not in message and "cannot describe the topic" in message, message
+    assert "'cp-nowhere'" in message
