@@ -357,7 +357,25 @@ class KafkaCheckpointStore:
             # auto.create.topics.enable would create it, uncompacted.
             if self.topic not in await admin.list_topics():
                 await self._create(admin)
+                await self._led(admin)
             await self._check(admin)
+
+    async def _led(self, admin: AIOKafkaAdminClient) -> None:
+        """Until the topic just created has a leader for its partition (within the
+        open's timeout). The controller answers the creation before every broker has
+        the partition: read at once, it was unknown (UnknownTopicOrPartitionError,
+        one open in seven on a one-broker cluster), and described at once it has no
+        partitions, which ``_check`` would refuse for good."""
+        while True:
+            [described] = await admin.describe_topics([self.topic])
+            partitions = described.get("partitions") or ()
+            if (
+                not described.get("error_code")
+                and partitions
+                and all(not p.get("error_code") and p.get("leader", -1) >= 0 for p in partitions)
+            ):
+                return
+            await asyncio.sleep(0.05)
 
     async def _replicas(self, admin: AIOKafkaAdminClient) -> int:
         """Replicas of the topic when the store creates it: as configured, else the
