@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -445,6 +446,11 @@ def check_config(tmp_path: Path, kubeconfig: Path, bootstrap: str, topic: str) -
     )
 
 
+def events_topic(config: Path) -> str:
+    topic: str = yaml.safe_load(config.read_text())["sink"]["kafka"]["topic"]
+    return topic
+
+
 async def check(config: Path) -> tuple[int, list[str]]:
     code, out, err = await cli("check", "--config", str(config), timeout=60)
     assert "Traceback" not in err, err
@@ -464,15 +470,20 @@ async def test_check_leaves_a_missing_topic_missing_and_says_the_first_start_cre
     tmp_path: Path, kubeconfig: Path, real_kafka: KafkaBroker
 ) -> None:
     """The store's open creates the topic; check only says so, on a broker that would
-    auto-create it too (a metadata request naming it would)."""
+    auto-create it too (a metadata request naming it would). The events topic, missing
+    too, is left missing as well: its durability is read from the broker's defaults."""
     topic = f"cp-{uuid.uuid4().hex[:8]}"
-    code, lines = await check(check_config(tmp_path, kubeconfig, real_kafka.bootstrap, topic))
+    config = check_config(tmp_path, kubeconfig, real_kafka.bootstrap, topic)
+    events = events_topic(config)
+    code, lines = await check(config)
     assert code == 0, lines
     assert (
         f"ok    checkpoint kafka: topic {topic!r} does not exist yet: the first start creates it"
         " (one partition, cleanup.policy=compact, replication factor 1)"
     ) in lines, lines
-    assert topic not in await topics(real_kafka.bootstrap)
+    assert any("to be created with the broker's defaults" in line for line in lines), lines
+    present = await topics(real_kafka.bootstrap)
+    assert topic not in present and events not in present
 
 
 async def test_check_describes_a_topic_with_records_without_reading_them(
