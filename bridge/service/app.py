@@ -10,7 +10,6 @@ the checkpoint never moves past what the bus acknowledged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import socket
@@ -79,7 +78,7 @@ def default_identity() -> str:
 async def until_reachable(
     attempt: Callable[[], Awaitable[object]],
     *,
-    retry_on: type[Exception],
+    retry_on: type[Exception] | tuple[type[Exception], ...],
     until: Sequence[asyncio.Event],
     backoff: Backoff,
     warning: str,
@@ -100,7 +99,7 @@ async def until_reachable(
         try:
             await attempt()
         except retry_on as e:
-            reason = str(e)
+            reason = str(e) or type(e).__name__
             if unreachable is not None:
                 unreachable(reason)
             if repeat_warning or reason != warned:
@@ -239,20 +238,25 @@ class BridgeApp:
         upgrade); a crash loop would only delay the bridge. An unknown kind or
         a 403 needs a person and still raises at once. None when stopped first.
         """
-        backoff = self._backoff()
-        while not stop.is_set():
-            try:
-                resolved = await self.resolve(client)
-            except (KubeConnectionError, ServerError, TooManyRequestsError) as e:
-                self._api_error = str(e) or type(e).__name__
-                log.warning("API server unavailable for discovery; retrying", error=str(e))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(backoff.next_delay()):
-                        await stop.wait()
-                continue
-            self._api_error = None
-            return resolved
-        return None
+        resolved: list[ResolvedResource] = []
+
+        async def attempt() -> None:
+            resolved[:] = await self.resolve(client)
+
+        def unreachable(reason: str) -> None:
+            self._api_error = reason
+
+        if not await until_reachable(
+            attempt,
+            retry_on=(KubeConnectionError, ServerError, TooManyRequestsError),
+            until=[stop],
+            backoff=self._backoff(),
+            warning="API server unavailable for discovery; retrying",
+            unreachable=unreachable,
+        ):
+            return None
+        self._api_error = None
+        return resolved
 
     def build_pipelines(
         self, client: KubeClient, resolved: list[ResolvedResource]
