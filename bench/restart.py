@@ -296,14 +296,8 @@ def _write(
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for n, by_store in rows:
-        results = by_store["sqlite"]
-        best = min(results, key=lambda r: r["ready_s"])
-        worst = max(results, key=lambda r: r["ready_s"])
-        lines.append(
-            f"| {n:,} | {best['load_s']:.2f} | {best['ready_s']:.2f}"
-            f" (worst {worst['ready_s']:.2f}) | {max(r['published'] for r in results):.0f}"
-            f" | {min(r['rss_mib'] for r in results):,.0f} MiB |"
-        )
+        c = _cells(by_store["sqlite"])
+        lines.append(f"| {n:,} | {c['loaded']} | {c['ready']} | {c['published']} | {c['rss']} |")
     update_benchmarks_md(BENCHMARKS_MD, "Restart", "\n".join([*lines, "", footer]))
     if len(stores) == 1:
         return
@@ -321,16 +315,26 @@ def _write(
     for n, by_store in rows:
         reference = min(r["ready_s"] for r in by_store["sqlite"])
         for kind in stores:
-            results = by_store[kind]
-            best = min(results, key=lambda r: r["ready_s"])
-            worst = max(results, key=lambda r: r["ready_s"])
+            c = _cells(by_store[kind], reference)
             lines.append(
-                f"| {n:,} | {kind} | {best['load_s']:.2f} | {best['ready_s']:.2f}"
-                f" (worst {worst['ready_s']:.2f}) | {best['ready_cpu_s']:.2f}"
-                f" | {best['ready_s'] / reference:.2f}x"
-                f" | {max(r['published'] for r in results):.0f}"
-                f" | {min(r['rss_mib'] for r in results):,.0f} MiB |"
+                f"| {n:,} | {kind} | {c['loaded']} | {c['ready']} | {c['cpu']}"
+                f" | {c['ratio']} | {c['published']} | {c['rss']} |"
             )
     update_benchmarks_md(
         BENCHMARKS_MD, "Restart from a Kafka checkpoint", "\n".join([*lines, "", footer])
     )
+
+
+def _cells(results: list[dict[str, float]], reference: float = 0.0) -> dict[str, str]:
+    """One table row's cells from a store's rounds: the best round's times (the worst
+    beside its ready time), the most events any round published, the least RSS."""
+    best = min(results, key=lambda r: r["ready_s"])
+    worst = max(results, key=lambda r: r["ready_s"])
+    return {
+        "loaded": f"{best['load_s']:.2f}",
+        "ready": f"{best['ready_s']:.2f} (worst {worst['ready_s']:.2f})",
+        "cpu": f"{best['ready_cpu_s']:.2f}",
+        "ratio": f"{best['ready_s'] / reference:.2f}x" if reference else "",
+        "published": f"{max(r['published'] for r in results):.0f}",
+        "rss": f"{min(r['rss_mib'] for r in results):,.0f} MiB",
+    }
