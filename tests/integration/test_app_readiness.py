@@ -58,6 +58,20 @@ def settings_for(kubeconfig: Path, **overrides: Any) -> Settings:
     return load_settings(None, raw, env={})
 
 
+def pods_on_a_stopped_nats(
+    kubeconfig: Path, emulator: Emulator, nats: NatsServer, **overrides: Any
+) -> Settings:
+    """Pod "a" to publish to a NATS server that is down when the bridge starts."""
+    emulator.create(pod("a"))
+    nats.stop()
+    return settings_for(
+        kubeconfig,
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        sink={"kind": "nats", "nats": {"servers": [nats.url]}},
+        **overrides,
+    )
+
+
 class Running:
     """An app running in a task, with its health server's address."""
 
@@ -285,13 +299,7 @@ async def test_a_bus_unreachable_at_start_is_retried_not_ready_until_it_answers(
     """A bus still starting when the bridge does (both rolled out together) is no
     reason to crash-loop: not ready naming the sink, a warning per attempt, and
     the first sync published once the bus answers."""
-    emulator.create(pod("a"))
-    nats_control.stop()
-    settings = settings_for(
-        kubeconfig,
-        resources=[{"apiVersion": "v1", "kind": "Pod"}],
-        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
-    )
+    settings = pods_on_a_stopped_nats(kubeconfig, emulator, nats_control)
     app = BridgeApp(settings, checkpoints=MemoryCheckpointStore())
     with capture_logs() as logs:
         async with running(app) as r:
@@ -342,13 +350,8 @@ async def test_a_checkpoint_store_unreachable_at_start_is_retried_not_ready(
     """Without leader election, a store on a server (the NATS KV bucket) that cannot
     be reached yet is waited for, not ready naming the store, with one warning for
     one reason however many attempts it takes."""
-    emulator.create(pod("a"))
-    nats_control.stop()
-    settings = settings_for(
-        kubeconfig,
-        resources=[{"apiVersion": "v1", "kind": "Pod"}],
-        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
-        checkpoint={"kind": "nats-kv", "flushInterval": 0.05},
+    settings = pods_on_a_stopped_nats(
+        kubeconfig, emulator, nats_control, checkpoint={"kind": "nats-kv", "flushInterval": 0.05}
     )
     app = BridgeApp(settings)
     attempts = 0
