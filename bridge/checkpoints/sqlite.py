@@ -442,7 +442,7 @@ class _ChunkReader:
         conn, rid = self._conn, self._resource_id
         try:
             last = conn.execute(_LAST_KEY, (rid,)).fetchone()[0]
-            start = ""
+            start = ""  # every key follows it: a key is never empty (namespace/name)
             while last is not None and start < last and not self._stopping.is_set():
                 end_row = conn.execute(_CHUNK_END, (rid, start, _CHUNK - 1)).fetchone()
                 end = last if end_row is None else end_row[0]
