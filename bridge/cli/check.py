@@ -11,7 +11,6 @@ from bridge.checkpoints.base import CheckpointStore, ProbedStore
 from bridge.errors import BridgeError, ForbiddenError, NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
-from bridge.kube.listwatch import ListWatch
 from bridge.kube.protocols import ListOptions
 from bridge.kube.sharding import ShardRange
 from bridge.service.settings import (
@@ -20,6 +19,7 @@ from bridge.service.settings import (
     lease_name,
     resources_for_shard,
 )
+from bridge.service.wiring import list_watch
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -67,13 +67,7 @@ async def trial_list(
     Access review says nothing about a selector the server rejects (400): only
     the request itself does.
     """
-    lw = ListWatch(
-        client,
-        info,
-        namespace=namespace,
-        label_selector=res.label_selector,
-        field_selector=res.field_selector,
-    )
+    lw = list_watch(client, info, namespace, res)
     try:
         async with asyncio.timeout(timeout):
             await lw.list(ListOptions(limit=1))
@@ -92,14 +86,7 @@ async def shard_selector_check(
 ) -> str:
     """LIST one object of ``shard`` and say whether the server applied the selector
     (its echo in the list metadata) or the bridge will filter on the client."""
-    lw = ListWatch(
-        client,
-        info,
-        namespace=namespace,
-        label_selector=res.label_selector,
-        field_selector=res.field_selector,
-        shard=shard,
-    )
+    lw = list_watch(client, info, namespace, res, shard=shard)
     async with asyncio.timeout(timeout):
         honoured = await lw.probe_shard()
     if honoured:

@@ -46,6 +46,7 @@ from bridge.service.wiring import (
     build_sink,
     checkpoint_id,
     event_builder,
+    list_watch,
     object_decoder,
     resource_fingerprinter,
 )
@@ -152,12 +153,11 @@ async def replay(
         detector = ChangeDetector(fingerprinter)
         filter = Filter(res.filter, label=info.plural) if res.filter else None
         view = _View(filter)
-        lw = ListWatch(
+        lw = list_watch(
             client,
             info,
-            namespace=namespace,
-            label_selector=res.label_selector,
-            field_selector=res.field_selector,
+            namespace,
+            res,
             decoder=object_decoder(fingerprinter, builder, filter),
             # A shard replays its own slice, against its own checkpoint.
             shard=settings.sharding.range(),

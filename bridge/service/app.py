@@ -40,7 +40,6 @@ from bridge.errors import (
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
-from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.service.control import control_auth
@@ -58,6 +57,7 @@ from bridge.service.wiring import (
     build_sink,
     checkpoint_id,
     event_builder,
+    list_watch,
     object_decoder,
     resource_fingerprinter,
     transactional_send,
@@ -288,12 +288,11 @@ class BridgeApp:
                 builder = event_builder(s, res, info)
                 label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
                 filter = Filter(res.filter, label=label) if res.filter else None
-                lw = ListWatch(
+                lw = list_watch(
                     client,
                     info,
-                    namespace=ns,
-                    label_selector=res.label_selector,
-                    field_selector=res.field_selector,
+                    ns,
+                    res,
                     decoder=object_decoder(fingerprinter, builder, filter),
                     shard=shard,
                 )

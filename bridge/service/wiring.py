@@ -14,8 +14,11 @@ from bridge.delivery.filters import Filter
 from bridge.delivery.publisher import SettledRows, TransactionalSend
 from bridge.delivery.views import fingerprinter_for
 from bridge.errors import ConfigError
+from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
+from bridge.kube.listwatch import ListWatch
 from bridge.kube.rawjson import ObjectDecoder
+from bridge.kube.sharding import ShardRange
 from bridge.service.settings import ResourceSettings, Settings
 from bridge.sinks.base import Sink
 
@@ -104,6 +107,28 @@ def transactional_send(sink: Sink, resource_id: str) -> TransactionalSend | None
         )
 
     return send
+
+
+def list_watch(
+    client: KubeClient,
+    info: ResourceInfo,
+    namespace: str | None,
+    res: ResourceSettings,
+    *,
+    decoder: ObjectDecoder | None = None,
+    shard: ShardRange | None = None,
+) -> ListWatch:
+    """The resource's lists and watches in one namespace (None: all), with its selectors:
+    ``run``, ``replay`` and ``check`` ask the API server the same way."""
+    return ListWatch(
+        client,
+        info,
+        namespace=namespace,
+        label_selector=res.label_selector,
+        field_selector=res.field_selector,
+        decoder=decoder,
+        shard=shard,
+    )
 
 
 def resource_id(info: ResourceInfo, namespace: str | None, res: ResourceSettings) -> str:
