@@ -17,7 +17,7 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -121,34 +121,31 @@ class Api:
             yield s
 
 
-@pytest.fixture(params=["emulator", "real"])
-def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+def _api(request: pytest.FixtureRequest, *, sharded: bool) -> Api:
+    """The emulator or kube-apiserver, with a fresh namespace; ``sharded`` False: the
+    ShardedListAndWatch gate off (shardSelector ignored)."""
     if request.param == "emulator":
         emu: Emulator = request.getfixturevalue("emulator")
+        emu.sharded_list_watch = sharded
         ns = f"conf-{uuid.uuid4().hex[:8]}"
         emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        yield Api("emulator", emu.url, ns, "emulator", False, emulator=emu)
-        return
-    cluster: KubeCluster = request.getfixturevalue("kube_cluster")
+        return Api("emulator", emu.url, ns, "emulator", False, emulator=emu)
+    fixture = "kube_cluster" if sharded else "kube_cluster_unsharded"
+    cluster: KubeCluster = request.getfixturevalue(fixture)
     ns = request.getfixturevalue("kube_namespace")
     ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
-    yield Api("real", cluster.url, ns, cluster.admin_token, ctx, cluster=cluster)
+    return Api("real", cluster.url, ns, cluster.admin_token, ctx, cluster=cluster)
 
 
 @pytest.fixture(params=["emulator", "real"])
-def unsharded(request: pytest.FixtureRequest) -> Iterator[Api]:
+def api(request: pytest.FixtureRequest) -> Api:
+    return _api(request, sharded=True)
+
+
+@pytest.fixture(params=["emulator", "real"])
+def unsharded(request: pytest.FixtureRequest) -> Api:
     """``api`` with the ShardedListAndWatch gate off: it ignores shardSelector."""
-    if request.param == "emulator":
-        emu: Emulator = request.getfixturevalue("emulator")
-        emu.sharded_list_watch = False
-        ns = f"conf-{uuid.uuid4().hex[:8]}"
-        emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        yield Api("emulator", emu.url, ns, "emulator", False, emulator=emu)
-        return
-    cluster: KubeCluster = request.getfixturevalue("kube_cluster_unsharded")
-    ns = request.getfixturevalue("kube_namespace")
-    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
-    yield Api("real", cluster.url, ns, cluster.admin_token, ctx, cluster=cluster)
+    return _api(request, sharded=False)
 
 
 # -- HTTP helpers ---------------------------------------------------------------------

@@ -34,21 +34,13 @@ from tests.e2e.bridge_process import (
     until,
     write_config,
 )
+from tests.e2e.sharding_world import pod
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.timeout(240)]
 
 Body = dict[str, Any]
-
-
-def pod(name: str, ns: str) -> Body:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": "web"}},
-        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
-    }
 
 
 def make_pods(cluster: KubeCluster, ns: str, n: int, prefix: str = "p") -> dict[str, Body]:

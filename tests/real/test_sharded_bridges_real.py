@@ -205,27 +205,26 @@ async def test_resharding_two_to_three_and_back_with_nats_kv_publishes_only_the_
             world.create()
         return world.ids[start:]
 
+    async def reshard(shards: int, round: str, step: str) -> list[BridgeProcess]:
+        """Change objects while no bridge runs, then start ``shards`` shards: they
+        publish exactly those changes, nothing unchanged."""
+        during = await change_meanwhile()
+        bridges = layout(shards, round)
+        await run_until_published(bridges, {i for i, _ in during})
+        published = Counter(ev for b in bridges for ev in stream(b))
+        assert published == Counter(during), (
+            f"{step} published {sorted(published - Counter(during))[:5]} beyond the changes, "
+            f"missed {sorted(Counter(during) - published)[:5]}"
+        )
+        return bridges
+
     two = layout(2, "two")
     await run_until_published(two, world.final())
-    during = await change_meanwhile()
-    three = layout(3, "three")
-    await run_until_published(three, {i for i, _ in during})
-    published = Counter(ev for b in three for ev in stream(b))
-    assert published == Counter(during), (
-        f"2 -> 3 published {sorted(published - Counter(during))[:5]} beyond the changes, "
-        f"missed {sorted(Counter(during) - published)[:5]}"
-    )
+    three = await reshard(3, "three", "2 -> 3")
     for index, b in enumerate(three):
         assert all(in_slice(e, by, 3, index) for e in b.stdout_events())
     # Back to two shards: their own checkpoints are older than the three's.
-    during = await change_meanwhile()
-    again = layout(2, "again")
-    await run_until_published(again, {i for i, _ in during})
-    published = Counter(ev for b in again for ev in stream(b))
-    assert published == Counter(during), (
-        f"3 -> 2 published {sorted(published - Counter(during))[:5]} beyond the changes, "
-        f"missed {sorted(Counter(during) - published)[:5]}"
-    )
+    await reshard(2, "again", "3 -> 2")
 
 
 async def committed(bridge: BridgeProcess) -> None:
