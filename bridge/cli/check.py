@@ -19,7 +19,7 @@ from bridge.service.settings import (
     lease_name,
     resources_for_shard,
 )
-from bridge.service.wiring import list_watch
+from bridge.service.wiring import build_checkpoints, build_sink, list_watch
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -325,8 +325,6 @@ def _check_heartbeat(
 
 async def _check_sink(settings: Settings, report: _Report, timeout: float) -> bool:
     """Whether the bus answers (the durability check asks it more)."""
-    from bridge.service.wiring import build_sink
-
     sink = build_sink(settings)
     what = f"sink {settings.sink.kind}"
     try:
@@ -435,8 +433,6 @@ async def _check_checkpoints(settings: Settings, report: _Report) -> None:
 
 
 def _checkpoint_store(settings: Settings, holder: str | None) -> CheckpointStore:
-    from bridge.service.wiring import build_checkpoints
-
     if holder is None:
         return build_checkpoints(settings)
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
