@@ -671,7 +671,13 @@ async def _fetch_into(
                 raise error(f"fetch of {tp} at {position}")
             # v4-v10: [lso, (log start,) aborted, records]; v11+: [lso, log start,
             # aborted, preferred read replica, records].
-            aborted = sorted(data[2] if response.API_VERSION >= 11 else data[-2] or ())
+            # (producer id, first offset) pairs, taken in log order: by first offset.
+            # Sorted as tuples they come by producer id, and with several producers
+            # sharing the partition one's abort was applied at another's place.
+            aborted = sorted(
+                data[2] if response.API_VERSION >= 11 else data[-2] or (),
+                key=_first_offset,
+            )
             records = MemoryRecords(data[-1])
             aborting: set[int] = set()
             while records.has_next():
@@ -688,6 +694,10 @@ async def _fetch_into(
                     fold.add(batch)
                 position = batch.next_offset
     return position
+
+
+def _first_offset(aborted: tuple[int, int]) -> int:
+    return aborted[1]
 
 
 def _watermark(value: bytes | None) -> str:
