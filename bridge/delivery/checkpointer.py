@@ -86,15 +86,23 @@ class Checkpointer:
 
     async def write_ahead(self, batch: Batch) -> None:
         """Store ``batch``'s rows, retrying while the store is unavailable; only then may
-        the batch be sent."""
+        the batch be sent. The certain rows of keys acknowledged since their commit go
+        with them (``Outbox.acknowledged_rows``): a kill then leaves uncertain only
+        what is not yet acknowledged and the batch acknowledged last."""
+        outbox = self.outbox
+        rows, keys, generation = outbox.acknowledged_rows(self.settings.commit_step_keys)
         await retrying(
-            functools.partial(self._store.commit, self.resource_id, None, batch.ahead, ()),
+            functools.partial(
+                self._store.commit, self.resource_id, None, [*batch.ahead, *rows], ()
+            ),
             retry_on=CheckpointError,
             what="write-ahead",
             health=self._health,
             backoff=self._backoff(),
             label=self._label,
         )
+        if keys:
+            outbox.settled(keys, generation)
 
     # -- commits ------------------------------------------------------------------
 

@@ -61,6 +61,10 @@ class ChangeHandler:
         self.store: Indexer | None = None
         # Resumed from a checkpoint: the initial list is not "initial" for consumers.
         self.resumed = False
+        # Objects whose delete a previous run put on the bus past the watermark the
+        # watch resumed from (bridge/delivery/resume.py): their replayed states and
+        # delete are not news. Per key, until the replayed delete (or another uid).
+        self.replayed_deletes: dict[str, Digest] = {}
         # Keys of cached objects outside the filter: never published (or taken out
         # with a filtered event), so no digest, no delete. Only these keys cost
         # memory; the checkpoint holds the objects in view.
@@ -93,6 +97,8 @@ class ChangeHandler:
         if is_in_initial_list:
             self._stats.listed += 1
         key = namespace_key(obj)
+        if self.replayed_deletes and self._replayed(key, obj):
+            return
         if self.filter is not None and not self.filter.matches(obj, None, "added"):
             # First seen in this run (not cached): in view only if a previous run
             # may have published it, which the uncertain check in _leave_view knows.
@@ -111,6 +117,8 @@ class ChangeHandler:
         if not isinstance(new, dict) or FINGERPRINT_FIELD in new:
             return  # a resync of a cached (slim) record: never news, never a confirmation
         key = namespace_key(new)
+        if self.replayed_deletes and self._replayed(key, new):
+            return
         if self.filter is not None:
             full_old = old if isinstance(old, dict) and FINGERPRINT_FIELD not in old else None
             if not self.filter.matches(new, full_old, "modified"):
@@ -134,6 +142,8 @@ class ChangeHandler:
     async def on_delete(self, obj: CachedObject | DeletedFinalStateUnknown) -> None:
         self._observe()
         key = namespace_key(obj)
+        if self.replayed_deletes and self._replayed(key, obj, deleted=True):
+            return
         if key in self.out:
             self.out.discard(key)  # never published (or already taken out): nothing to say
             return
@@ -156,6 +166,24 @@ class ChangeHandler:
             outbox.unacknowledged < s.pending_limit
             and outbox.unacknowledged_bytes < s.max_pending_bytes
         )
+
+    def _replayed(
+        self, key: str, obj: CachedObject | DeletedFinalStateUnknown, *, deleted: bool = False
+    ) -> bool:
+        """``obj`` is a replayed state (or the replayed delete) of an object whose delete
+        is already on the bus: nothing to publish. Its guard ends with the delete, or
+        with another object of the same name."""
+        gone = self.replayed_deletes.get(key)
+        if gone is None:
+            return False
+        uid = _uid_of(obj)
+        if uid and uid != gone.uid:
+            del self.replayed_deletes[key]  # a new object of that name: news again
+            return False
+        if deleted:
+            del self.replayed_deletes[key]
+        self._stats.suppressed += 1
+        return True
 
     # -- deciding -------------------------------------------------------------
 
@@ -195,3 +223,14 @@ class ChangeHandler:
             uid = str(meta(change.object).get("uid", ""))
             outbox.decide(change.key, uid, event, change.digest)
         self._decided()
+
+
+def _uid_of(obj: CachedObject | DeletedFinalStateUnknown) -> str:
+    """The uid of a notification's object ("" when a tombstone does not say)."""
+    if isinstance(obj, DeletedFinalStateUnknown):
+        if obj.obj is None:
+            return ""
+        obj = obj.obj
+    if isinstance(obj, dict):
+        return str(meta(obj).get("uid", ""))
+    return str(obj.values()[0])

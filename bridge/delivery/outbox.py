@@ -119,8 +119,9 @@ class CommitStep(NamedTuple):
     deletes: list[str]
 
 
-# The rows of some keys as they stand now: (upserts, deletes).
-RowsOf = Callable[[Sequence[str]], tuple[list[Digest], list[str]]]
+# The rows of some keys as they stand now, for a commit of this watermark: (upserts,
+# deletes).
+RowsOf = Callable[[Sequence[str], str], tuple[list[Digest], list[str]]]
 
 
 class Commit:
@@ -167,13 +168,13 @@ class Commit:
         keys, n = self.keys, len(self.keys)
         held: list[str] = []
         for start in range(0, n, size):
-            upserts, deletes = self._rows_of(keys[start : start + size])
+            upserts, deletes = self._rows_of(keys[start : start + size], self.watermark)
             if start + size < n:
                 held.extend(deletes)
                 yield CommitStep(None, upserts, [])
                 continue
             if held:
-                again, gone = self._rows_of(held)
+                again, gone = self._rows_of(held, self.watermark)
                 upserts.extend(again)
                 deletes = gone + deletes
             yield CommitStep(self.watermark, upserts, deletes)
@@ -227,6 +228,17 @@ class Outbox:
         self.uncertain: dict[str, Digest] = {}
         self._observed: deque[_Mark] = deque()  # bound = queued_total
         self._marks: deque[_Mark] = deque()  # bound = event seq
+        # The last delete decided for a key, (uid, resourceVersion), while its row is in
+        # the checkpoint: a row is removed only by a commit whose watermark passed the
+        # delete (``rows``), because a watch resumed from an older watermark replays
+        # the object's earlier states, which the row tells from news.
+        self._deleted: dict[str, tuple[str, str]] = {}
+        # Deleted keys whose row a commit kept as GONE: released by the first commit
+        # whose watermark passes their delete.
+        self._held: set[str] = set()
+        # Dirty keys whose events the bus has all acknowledged, newest last: the next
+        # write-ahead carries their certain rows (``acknowledged_rows``).
+        self._acked_keys: list[str] = []
         self._last_observed_rv = watermark
         self.committed_watermark = watermark
         self._committing_since: float | None = None
@@ -290,6 +302,10 @@ class Outbox:
         state.last_seq = seq
         if digest is None:
             state.deletes.append((seq, uid))
+            self._deleted[key] = (uid, event.resource_version)
+        elif self._deleted:
+            self._deleted.pop(key, None)
+            self._held.discard(key)
         self.touch(key)
         return entry
 
@@ -317,6 +333,14 @@ class Outbox:
         """Keys that a previous run wrote ahead but never saw acknowledged."""
         for d in digests:
             self.uncertain[d.key] = d
+
+    def restore_gone(self, digests: Iterable[Digest]) -> None:
+        """GONE rows of a previous run whose delete the watermark has not passed: kept
+        until a commit's watermark does (their objects' earlier states may be replayed
+        meanwhile, see bridge/delivery/resume.py)."""
+        for d in digests:
+            self._deleted[d.key] = (d.uid, d.resource_version)
+            self._held.add(d.key)
 
     def resolve(self, key: str) -> Digest | None:
         """Take the restart's uncertain state of ``key`` (None if it has none)."""
@@ -397,9 +421,42 @@ class Outbox:
                 state.deletes = [d for d in state.deletes if d[0] > acked]
             if state.last_seq <= acked:
                 del self._open[key]
+                self._acked_keys.append(key)
         self.last_progress = self._clock()
 
     # -- checkpointing --------------------------------------------------------
+
+    def acknowledged_rows(self, limit: int) -> tuple[list[Digest], list[str], int]:
+        """Certain rows of keys the bus acknowledged since their last commit, at most
+        ``limit``, for the next write-ahead to carry: (rows, their keys, the dirty
+        generation read), and ``settled`` once stored.
+
+        A write-ahead is stored before every batch anyway; carrying these rows with it
+        keeps what a crash leaves uncertain to the events not yet acknowledged plus
+        the batch acknowledged last, where a commit on its own cadence (a second, or
+        thousands of keys) left a whole first sync's acknowledged events uncertain,
+        to be published again after a kill. A deleted key is left to the commit,
+        which knows whether the watermark passed its delete.
+        """
+        rows: list[Digest] = []
+        keys: list[str] = []
+        acked, dirty, opened, uncertain = self._acked_keys, self._dirty, self._open, self.uncertain
+        while acked and len(keys) < limit:
+            key = acked.pop()
+            if key in opened or key in uncertain or key not in dirty:
+                continue
+            d = self._digest_of(key)
+            if d is not None:
+                rows.append(d)
+                keys.append(key)
+        return rows, keys, self._generation
+
+    def settled(self, keys: Iterable[str], generation: int) -> None:
+        """The rows ``acknowledged_rows`` gave at ``generation`` are stored."""
+        dirty = self._dirty
+        for key in keys:
+            if dirty.get(key, generation + 1) <= generation:
+                del dirty[key]
 
     def checkpoint(self) -> Commit | None:
         """What the next commit writes, or None when the checkpoint is up to date."""
@@ -411,41 +468,81 @@ class Outbox:
         opened, uncertain = self._open, self.uncertain
         # A key with events on their way keeps its write-ahead row until the ack.
         keys = [k for k in self._dirty if k not in opened and k not in uncertain]
+        if self._held and watermark != self.committed_watermark:
+            deleted = self._deleted
+            keys += [
+                k for k in self._held if k not in self._dirty and _passed(deleted[k][1], watermark)
+            ]
         if watermark == self.committed_watermark and not keys:
             return None
         self._committing_since = at
         return Commit(watermark, keys, self._generation, at, self.rows)
 
-    def rows(self, keys: Sequence[str]) -> tuple[list[Digest], list[str]]:
-        """The checkpoint rows of ``keys`` as they stand now: (upserts, deletes).
+    def rows(
+        self, keys: Sequence[str], watermark: str | None = None
+    ) -> tuple[list[Digest], list[str]]:
+        """The checkpoint rows of ``keys`` as they stand now, for a commit of
+        ``watermark``: (upserts, deletes).
 
         A key with events on their way (decided since its commit named it) is
         left out: its write-ahead row stands until the ack, and the key, touched
-        by that decision, stays dirty for the next commit.
+        by that decision, stays dirty for the next commit. A deleted key whose
+        delete the watermark has not passed keeps a ``GONE`` row (None: no
+        watermark to keep it for).
         """
         upserts: list[Digest] = []
         deletes: list[str] = []
         opened, uncertain, digest_of = self._open, self.uncertain, self._digest_of
+        deleted = self._deleted
         for key in keys:
             if key in opened or key in uncertain:
                 continue
             digest = digest_of(key)
-            if digest is None:
-                deletes.append(key)
-            else:
+            if digest is not None:
                 upserts.append(digest)
+                continue
+            gone = deleted.get(key) if watermark is not None else None
+            if gone is not None and not _passed(gone[1], watermark or ""):
+                upserts.append(Digest(key, gone[0], gone[1], "", GONE))
+            else:
+                deletes.append(key)
         return upserts, deletes
 
     def committed(self, commit: Commit) -> None:
-        self.committed_watermark = commit.watermark
+        self.committed_watermark = watermark = commit.watermark
         self._committing_since = None
         dirty, read_at = self._dirty, commit.generation
+        deleted, held = self._deleted, self._held
         for key in commit.keys:
             if dirty.get(key, read_at + 1) <= read_at:
                 del dirty[key]
+            elif key in dirty:
+                continue  # decided again meanwhile: the next commit says what it is
+            gone = deleted.get(key)
+            if gone is None or key in self._open:
+                continue
+            if self._digest_of(key) is not None or _passed(gone[1], watermark):
+                del deleted[key]  # its row was removed
+                held.discard(key)
+            else:
+                held.add(key)  # its GONE row stays until a watermark passes the delete
+        if self._acked_keys:
+            self._acked_keys = [k for k in self._acked_keys if k in dirty]
 
     def commit_failed(self, commit: Commit) -> None:
         """The store refused ``commit``: its marks and keys are offered again next time."""
         self._committing_since = None
         if commit.observed_at is not None and commit.watermark != self.committed_watermark:
             self._marks.appendleft(_Mark(0, commit.watermark, commit.observed_at))
+
+
+def _passed(resource_version: str, watermark: str) -> bool:
+    """The watermark is at or past ``resource_version``: a watch resumed from it replays
+    nothing of the change made there. Not integers (no etcd behind): True, as nothing
+    better can be said."""
+    if not watermark:
+        return False
+    try:
+        return int(watermark) >= int(resource_version)
+    except ValueError:
+        return True

@@ -254,6 +254,7 @@ class ResourcePipeline:
         if start.resumed:
             self._use(start.outbox(self._digest_of, self._clock))
             self.handler.resumed = True
+            self.handler.replayed_deletes = dict(start.replayed_deletes)
             if start.deletes:
                 self.publisher.decided()
         full_old = self._builder.include_old or self._builder.patch

@@ -7,7 +7,11 @@ handler (bridge/delivery/handler.py), which republishes an unchanged object with
 the id it was written ahead with, publishes a change as modified and a vanished
 object as deleted. The informer drops replayed states older than its cache
 (``drop_stale``), so resuming from a watermark that lags the digests
-republishes nothing.
+republishes nothing. An object whose delete is on the bus past the watermark
+(a ``GONE`` row) is not cached: the resumed watch replays its earlier states and
+its delete, and the handler knows them by the row (``replayed_deletes``) and
+publishes nothing for them, so the watch resumes there too instead of a relist
+that would collapse every change since the watermark.
 """
 
 from __future__ import annotations
@@ -47,8 +51,11 @@ class Resumption:
     uncertain: list[Digest] = field(default_factory=list)
     # Deletes written ahead without an ack: (key, uid, event), to publish again.
     deletes: list[tuple[str, str, Event]] = field(default_factory=list)
-    # Keys whose GONE row the first commit removes.
+    # Keys whose GONE row the first commit removes (the watermark passed their delete).
     gone: list[str] = field(default_factory=list)
+    # GONE rows past the watermark: objects whose delete is on the bus though the
+    # watch resumes before it, so it replays their earlier states and the delete.
+    replayed_deletes: dict[str, Digest] = field(default_factory=dict)
 
     @property
     def resumed(self) -> bool:
@@ -65,6 +72,7 @@ class Resumption:
             outbox.decide(key, uid, event, None)
         for key in self.gone:
             outbox.touch(key)
+        outbox.restore_gone(self.replayed_deletes.values())
         return outbox
 
 
@@ -88,14 +96,15 @@ async def resume(
     records: list[CachedObject] = list(checkpoint.loose)
     uncertain: list[Digest] = []
     deletes: list[tuple[str, str, Event]] = []
-    # Deletes on the bus, maybe after the watermark (exactly-once, see GONE).
-    gone_after: list[Digest] = []
+    # Deletes on the bus, maybe after the watermark (see GONE).
+    gone_after: dict[str, Digest] = {}
     gone_keys: list[str] = []
     for d in checkpoint.others:
         if d.state == GONE:
-            gone_keys.append(d.key)
             if start_at is not None and _after(d.resource_version, start_at):
-                gone_after.append(d)
+                gone_after[d.key] = d
+            else:
+                gone_keys.append(d.key)
             continue
         for gone in filter(None, d.prior.split(",")):
             # An earlier object of this name whose delete was in flight: its
@@ -113,10 +122,10 @@ async def resume(
         # A watch from the watermark would not bring news of every uncertain
         # key: relist the latest state instead.
         start_at = None
-    if gone_after:
-        # A watch from the watermark would replay objects whose delete is already
-        # on the bus, as if new: a relist does not hold them.
-        start_at = None
+    if start_at is None:
+        # A relist does not hold the deleted objects: their rows go at the first commit.
+        gone_keys.extend(gone_after)
+        gone_after = {}
     if start_at is None:
         # A relist diffed against the digests reads the latest state (a
         # consistent read), never a lagging watch cache, whose missing
@@ -129,6 +138,7 @@ async def resume(
         objects=len(records) + len(checkpoint.packed),
         uncertain=len(uncertain),
         prior_deletes=len(deletes),
+        replayed_deletes=len(gone_after),
         relist=start_at is None,
     )
     return Resumption(
@@ -140,6 +150,7 @@ async def resume(
         uncertain=uncertain,
         deletes=deletes,
         gone=gone_keys,
+        replayed_deletes=gone_after,
     )
 
 

@@ -96,7 +96,7 @@ class World:
         commit = self.outbox.checkpoint()
         if commit is None:
             return self.outbox.committed_watermark, {}, []
-        upserts, deletes = self.outbox.rows(commit.keys)
+        upserts, deletes = self.outbox.rows(commit.keys, commit.watermark)
         self.outbox.committed(commit)
         return commit.watermark, {d.key: d for d in upserts}, deletes
 
@@ -309,6 +309,66 @@ def test_a_resent_prior_delete_keeps_the_uncertain_state_of_its_key() -> None:
 
 
 # -- rows settled with their batch (exactly-once) ---------------------------------
+
+
+def test_a_deleted_keys_row_stays_gone_until_the_watermark_passes_its_delete() -> None:
+    """A commit behind the bus may come while the watermark still lags an acknowledged
+    delete: a watch resumed from that watermark would replay the object as new, so its
+    row stays (GONE, at the delete) until a commit's watermark passes the delete."""
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    assert w.commit()[0] == "10"
+    # The delete at 12 is decided and acknowledged before any mark covers it.
+    w.cache.items.pop("a")
+    w.outbox.decide("a", "ua", event("ua", "12", "deleted"), None)
+    w.publish()
+    watermark, upserts, deletes = w.commit()
+    assert (watermark, deletes) == ("10", [])
+    assert upserts == {"a": Digest("a", "ua", "12", "", GONE)}
+    assert w.commit() == ("10", {}, [])  # held, not rewritten at every commit
+    w.outbox.observe(w.queued + 1, "13")
+    w.outbox.progress(w.queued + 1)
+    assert w.commit() == ("13", {}, ["a"])
+    assert w.commit() == ("13", {}, [])
+
+
+def test_a_key_recreated_after_its_delete_is_not_held() -> None:
+    w = World()
+    w.change("a", "ua", 10)
+    w.publish()
+    w.commit()
+    w.cache.items.pop("a")
+    w.outbox.decide("a", "ua", event("ua", "12", "deleted"), None)
+    w.publish()
+    assert w.commit()[1]["a"].state == GONE
+    w.change("a", "ub", 14)  # a new object of the name
+    w.publish()
+    watermark, upserts, deletes = w.commit()
+    assert (watermark, upserts["a"].uid, upserts["a"].state, deletes) == ("14", "ub", CERTAIN, [])
+
+
+def test_a_write_ahead_carries_the_rows_acknowledged_since_their_commit() -> None:
+    """What a kill leaves uncertain is bounded by the window, not by the commit cadence:
+    each write-ahead carries the certain rows of keys acknowledged meanwhile."""
+    w = World()
+    for i in range(10):
+        w.change(f"k{i}", f"u{i}", 10 + i)
+    w.publish(6)  # k0..k5 acknowledged; no commit yet
+    rows, keys, generation = w.outbox.acknowledged_rows(100)
+    assert sorted(keys) == [f"k{i}" for i in range(6)]
+    assert all(d.state == CERTAIN for d in rows)
+    w.outbox.settled(keys, generation)
+    assert w.outbox.acknowledged_rows(100)[1] == []  # once
+    commit = w.outbox.checkpoint()
+    assert commit is not None and sorted(commit.keys) == []  # k6..k9 in flight; nothing left
+    # A key decided again after its rows were read stays dirty for the commit.
+    w.change("k0", "u0", 30)
+    w.publish()
+    rows, keys, generation = w.outbox.acknowledged_rows(100)
+    w.change("k0", "u0", 31)
+    w.outbox.settled(keys, generation)
+    assert "k0" in w.outbox._dirty
 
 
 def test_settled_rows_are_certain_gone_and_forget_priors() -> None:
