@@ -49,6 +49,7 @@ class Checkpointer:
         label: str,
         clock: Callable[[], float] = time.monotonic,
         on_commit: Callable[[str], None] | None = None,
+        exclusive: asyncio.Lock | None = None,
     ) -> None:
         self.resource_id = resource_id
         self._store = store
@@ -60,6 +61,9 @@ class Checkpointer:
         self._clock = clock
         # Hears each committed watermark (the checkpoint gauge).
         self._on_commit = on_commit
+        # Held while a commit reads its rows and stores them, when the sender's
+        # transactions write rows too (sink.kafka.exactlyOnce): see commit_once.
+        self._exclusive = exclusive
         self.healthy = True
         # Whose reflector and FIFO say where the watermark may go (set once it exists).
         self.informer: SharedInformer | None = None
@@ -155,9 +159,14 @@ class Checkpointer:
             self._stats.last_commit = self._clock()
             return
         try:
-            # Step by step: the writer's write-aheads take their turn between steps.
-            for step in commit.steps(self.settings.commit_step_keys):
-                await self._store.commit(self.resource_id, *step)
+            # A transactional sender writes each batch's rows in its own transaction.
+            # Rows read here and stored after a batch that a key's later decision
+            # went out in would put the key's older digest over the newer one (a
+            # restart then publishes the change again): no transaction comes between.
+            async with self._exclusive or contextlib.nullcontext():
+                # Step by step: the writer's write-aheads take their turn between steps.
+                for step in commit.steps(self.settings.commit_step_keys):
+                    await self._store.commit(self.resource_id, *step)
         except BaseException:
             self.outbox.commit_failed(commit)
             raise

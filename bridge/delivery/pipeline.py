@@ -86,6 +86,8 @@ class ResourcePipeline:
         self.failed: str | None = None
         # The outbox until ``load`` finds a checkpoint to start from.
         outbox = Outbox(self._digest_of, clock=clock)
+        # Commits and transactions that carry rows never interleave (checkpointer.py).
+        exclusive = asyncio.Lock() if transactional is not None else None
         self.checkpointer = Checkpointer(
             resource_id=resource_id,
             store=checkpoints,
@@ -98,6 +100,7 @@ class ResourcePipeline:
             on_commit=functools.partial(metrics.set_checkpoint, label)
             if metrics is not None
             else None,
+            exclusive=exclusive,
         )
         self.publisher = Publisher(
             sink=sink,
@@ -113,6 +116,7 @@ class ResourcePipeline:
             if metrics is not None
             else None,
             transactional=transactional,
+            exclusive=exclusive,
         )
         self.handler = ChangeHandler(
             detector=detector,

@@ -19,6 +19,7 @@ holds a row its events did not land with, and never an uncertain one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
@@ -63,9 +64,13 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
         on_publish_latency: Callable[[float], None] | None = None,
         transactional: TransactionalSend | None = None,
+        exclusive: asyncio.Lock | None = None,
     ) -> None:
         self._sink = sink
         self._transactional = transactional
+        # Held by each transactional publish, which writes checkpoint rows: the
+        # checkpointer's commits take it too (bridge/delivery/checkpointer.py).
+        self._exclusive = exclusive or contextlib.nullcontext()
         self.outbox = outbox
         self.settings = settings
         self._stats = stats
@@ -168,14 +173,15 @@ class Publisher:
             def publish() -> Awaitable[Mapping[int, str]]:
                 return self._sink.publish(events)
 
-        refused = await retrying(
-            publish,
-            retry_on=SinkUnavailableError,
-            what="publish",
-            health=self._health,
-            backoff=self._backoff(),
-            label=self._label,
-        )
+        async with self._exclusive:
+            refused = await retrying(
+                publish,
+                retry_on=SinkUnavailableError,
+                what="publish",
+                health=self._health,
+                backoff=self._backoff(),
+                label=self._label,
+            )
         if self._on_publish_latency is not None:
             self._on_publish_latency(time.perf_counter() - started)
         return dict(refused or {})
