@@ -20,6 +20,7 @@ from bridge.delivery.changes import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
+from bridge.errors import CheckpointError
 from tests.doubles.memory_sink import MemorySink
 from tests.integration.test_pipeline import (
     FAST,
@@ -577,3 +578,87 @@ async def test_an_event_larger_than_the_byte_bound_still_goes_alone(
         await wait_for(lambda: len(harness.sink.events) == 5)
     # One event at a time: never two waiting for the bus together.
     assert all(len(batch) == 1 for batch in harness.sink.batches)
+
+
+class GatedStore(MemoryCheckpointStore):
+    """Holds a commit carrying a watermark (a commit behind the bus) at ``gate`` once
+    ``armed``; ``holding`` is set while one waits there. Once it is stored, later
+    commits behind the bus fail (as if the bridge died then): what the store holds
+    is what a restart would read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.gate = asyncio.Event()
+        self.holding = asyncio.Event()
+        self.held_stored = False
+
+    async def commit(
+        self,
+        resource_id: str,
+        resource_version: str | None,
+        upserts: Iterable[Digest],
+        deletes: Iterable[str],
+    ) -> None:
+        upserts = list(upserts)
+        if resource_version is not None and self.held_stored:
+            raise CheckpointError("the bridge died here")
+        held = self.armed and resource_version is not None and bool(upserts)
+        if held:
+            self.armed = False
+            self.holding.set()
+            await self.gate.wait()
+        await super().commit(resource_id, resource_version, upserts, deletes)
+        if held:
+            self.held_stored = True
+
+
+async def test_a_commit_never_puts_an_older_row_over_a_transactions_newer_one(
+    harness: Harness, emulator: Emulator
+) -> None:
+    """Exactly-once: each batch's rows go in its own transaction, and commits behind the
+    bus write rows too. A commit that read a key's digest, then waited for the store
+    while the key's next change went out in a transaction, would store the older
+    digest over the newer: a restart would publish that change again. The commit
+    reads and stores with no transaction in between."""
+    store = harness.checkpoints = GatedStore()
+    sink = harness.sink
+
+    async def transactional(events: Sequence[Event], rows: Any) -> Mapping[int, str]:
+        refused = await sink.publish(events)  # the batch and its rows, together
+        await store.commit(RID, None, *rows(refused))
+        return refused
+
+    built = harness.pipeline
+
+    async def pipeline() -> ResourcePipeline:
+        p = await built()
+        return ResourcePipeline(
+            resource_id=RID,
+            lw=p.lister,
+            detector=p.detector,
+            builder=p.builder,
+            sink=sink,
+            checkpoints=store,
+            settings=FAST,
+            transactional=transactional,
+        )
+
+    harness.pipeline = pipeline  # type: ignore[method-assign]
+    first = emulator.create(pod("k"))
+    async with harness.running():
+        await wait_for(
+            lambda: any(e.id.endswith(first["metadata"]["resourceVersion"]) for e in sink.events)
+        )
+        store.armed = True
+        await asyncio.wait_for(store.holding.wait(), 5)  # a commit read k's row, and waits
+        now = emulator.patch("v1", "Pod", "k", {"spec": {"nodeName": "n1"}}, namespace="default")
+        rv = now["metadata"]["resourceVersion"]
+        with contextlib.suppress(AssertionError):  # the transaction waits for the commit
+            await wait_for(lambda: any(e.id.endswith(f":{rv}") for e in sink.events), timeout=0.5)
+        store.gate.set()
+        await wait_for(lambda: any(e.id.endswith(f":{rv}") for e in sink.events))
+        await wait_for(lambda: store.held_stored)
+        await asyncio.sleep(0.1)
+    cp = await store.load(RID)
+    assert cp is not None and cp.digests["default/k"].resource_version == rv
