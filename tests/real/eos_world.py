@@ -29,6 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bridge.delivery.changes import Fingerprinter
 from tests.fixtures.kube import KubeCluster
+from tests.real.kafkabus import read_topic
 
 Body = dict[str, Any]
 
@@ -231,31 +232,8 @@ def check_every_change_once(
 
 async def read_committed(bootstrap: str, topic: str) -> list[Body]:
     """Every event of ``topic`` as aiokafka's read_committed consumer reads it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    if described["error_code"]:
-        return []
-    parts = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        end = await consumer.end_offsets(parts)
-        out: list[Body] = []
-        for tp in parts:
-            while await consumer.position(tp) < end[tp]:
-                for recs in (await consumer.getmany(tp, timeout_ms=500)).values():
-                    out.extend(orjson.loads(r.value) for r in recs if r.value is not None)
-        return out
-    finally:
-        await consumer.stop()
+    records = await read_topic(bootstrap, topic, isolation_level="read_committed")
+    return [orjson.loads(r.value) for r in records if r.value is not None]
 
 
 class OpenTransactions:
