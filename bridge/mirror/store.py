@@ -35,12 +35,14 @@ class ForeignSchemaError(ConfigError):
 
 
 # What "the database went away" looks like through asyncpg: connection errors,
-# a server shutting down or terminating us (class 57), a closed connection.
+# a server shutting down or terminating us (class 57), a closed connection, a
+# protocol state left broken by a connection cut in the middle of a COPY.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
 )
@@ -105,8 +107,11 @@ class PostgresStore:
         try:
             await self._own_schema(conn)
             await conn.execute(schema.CREATE_STAGED)
+        except UNAVAILABLE as e:
+            conn.terminate()
+            raise DatabaseUnavailable(f"PostgreSQL: {_short(e)}") from e
         except BaseException:
-            await conn.close()
+            conn.terminate()
             raise
         self._conn = conn
 
@@ -205,6 +210,12 @@ class PostgresStore:
         except UNAVAILABLE as e:
             await self._drop()
             raise DatabaseUnavailable(f"PostgreSQL: {_short(e)}") from e
+        except asyncpg.PostgresError as e:
+            # Rolled back, so nothing moved: the batch is read again after a backoff
+            # (a lock timeout, a full disk). Stuck on the same error, the mirror says
+            # so at every attempt instead of skipping rows it cannot write.
+            await self._drop()
+            raise DatabaseUnavailable(f"PostgreSQL refused the batch: {_short(e)}") from e
 
     async def prune(self) -> int:
         """Forget tombstones older than the retention (never with ``keepDeleted``)."""

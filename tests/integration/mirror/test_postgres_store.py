@@ -168,7 +168,7 @@ async def test_connections_killed_at_random_instants_lose_and_double_nothing(
     kills = 0
     try:
         # Kills at random instants, while the batches are being written.
-        while kills < 12 and not src.drained():
+        while kills < 12 and not src.drained() and not task.done():
             await asyncio.sleep(rng.uniform(0.01, 0.2))
             kills += await killer.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
