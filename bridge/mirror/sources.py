@@ -73,9 +73,8 @@ class KafkaSource:
         )
         where = ",".join(k.bootstrap_servers)
         try:
+            parts = await self._partitions()
             await consumer.start()
-            await consumer.topics()  # fetches the cluster's metadata
-            parts = consumer.partitions_for_topic(self.topic)
         except (KafkaError, OSError) as e:
             await consumer.stop()
             raise SourceUnavailable(f"Kafka at {where}: {e!r}") from e
@@ -86,6 +85,24 @@ class KafkaSource:
         consumer.assign(self._parts)
         self._consumer = consumer
         return consumer
+
+    async def _partitions(self) -> list[int]:
+        """The topic's partitions, as the brokers describe it now ([] while it does not exist)."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        from bridge.sinks.kafka import connection_options
+
+        admin = AIOKafkaAdminClient(
+            **connection_options(self.settings.kafka, "k8s-bridge-mirror-admin")
+        )
+        await admin.start()
+        try:
+            (described,) = await admin.describe_topics([self.topic])
+        finally:
+            await admin.close()
+        if described["error_code"]:
+            return []
+        return [p["partition"] for p in described["partitions"]]
 
     async def seek(self, positions: Mapping[int, int]) -> None:
         consumer = self._consumer or await self._open()
