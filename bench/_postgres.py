@@ -112,8 +112,8 @@ class PostgresServer:
             "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
         ]  # fmt: skip
         options = " ".join(
-            relaxed
-            + [
+            [
+                *relaxed,
                 f"-p {self.port}",
                 "-c listen_addresses=127.0.0.1",
                 f"-c unix_socket_directories={self.workdir}",

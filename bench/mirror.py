@@ -123,9 +123,7 @@ class ListSource:
 
 async def run_mirror(dsn: str, values: list[bytes], batch: int, history: bool) -> float:
     source = ListSource(values)
-    store = PostgresStore(
-        dsn, "k8s", history=history, keep_deleted=False, tombstone_retention=3600
-    )
+    store = PostgresStore(dsn, "k8s", history=history, keep_deleted=False, tombstone_retention=3600)
     stop = asyncio.Event()
     mirror = Mirror(source, store, max_events=batch, max_wait=0, prune_every=1e9)
     # Schema creation is not part of the measure: open once before.
