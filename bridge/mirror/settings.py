@@ -118,6 +118,13 @@ class MirrorSettings(BaseModel):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
 
+def mirror_json_schema() -> dict[str, Any]:
+    """JSON Schema of mirror.yaml (YAML spelling), for the chart's values schema."""
+    schema = MirrorSettings.model_json_schema(by_alias=True)
+    schema.setdefault("title", "k8s-bridge mirror configuration")
+    return schema
+
+
 def load_mirror_settings(path: str, overrides: dict[str, Any] | None = None) -> MirrorSettings:
     """Read and validate ``path``; every problem is one ``ConfigError`` line."""
     try:
