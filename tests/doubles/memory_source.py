@@ -54,19 +54,21 @@ def event(
     cluster: str = "c1",
     namespace: str = "ns",
     kind: str = "Pod",
+    time: str = "2026-11-27T10:00:00.000000Z",
+    labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> bytes:
     """A change event as the bridge publishes it (docs/events.md)."""
     suffix = {"deleted": "deleted", "filtered": f"filtered:{rv}"}.get(change, str(rv))
     obj = {
-        "apiVersion": "v1",
+        "apiVersion": "apps/v1" if kind == "Deployment" else "v1",
         "kind": kind,
         "metadata": {
             "name": name,
             "namespace": namespace,
             "uid": uid,
             "resourceVersion": str(rv),
-            "labels": {"app": name},
+            "labels": labels if labels is not None else {"app": name},
         },
         "spec": spec or {"containers": [{"name": "c", "image": f"img:{rv}"}]},
     }
@@ -74,10 +76,10 @@ def event(
         {
             "specversion": "1.0",
             "id": f"{uid}:{suffix}",
-            "type": f"io.k8s.core.v1.{kind}.{change}",
+            "type": f"io.k8s.{'apps' if kind == 'Deployment' else 'core'}.v1.{kind}.{change}",
             "source": f"k8s://{cluster}/v1/pods",
             "subject": f"{namespace}/{name}",
-            "time": "2026-11-27T10:00:00.000000Z",
+            "time": time,
             "datacontenttype": "application/json",
             "resourceversion": str(rv),
             "initial": False,
