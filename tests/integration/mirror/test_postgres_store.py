@@ -231,3 +231,50 @@ async def test_a_schema_it_did_not_create_is_refused(postgres_dsn: str) -> None:
             await store(postgres_dsn).open()
     finally:
         await conn.close()
+
+
+async def test_two_mirrors_of_one_source_write_each_change_once(postgres_dsn: str) -> None:
+    """A stray second replica: each batch moves a position only from where it started,
+    so the two take turns (the loser reads again) and every change lands once."""
+    values, final = churn(11, 2000)
+    sources = [MemorySource(partitions=2), MemorySource(partitions=2)]
+    for i, v in enumerate(values):
+        for src in sources:
+            src.append(v, partition=i % 2)
+    mirrors = [
+        Mirror(src, store(postgres_dsn), max_events=15, max_wait=0, backoff=(0.01, 0.05))
+        for src in sources
+    ]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(m.run(stop)) for m in mirrors]
+    await settle(postgres_dsn, len(values))
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert await rows(
+        postgres_dsn, "SELECT count(*), count(DISTINCT event_id) FROM k8s.changes"
+    ) == [(len(values), len(values))]
+    got = await rows(postgres_dsn, "SELECT cluster, name, resource_version FROM k8s.objects")
+    assert {(c, n): rv for c, n, rv in got} == final
+    assert sum(m.stats.rereads for m in mirrors) > 0, "the mirrors never met"
+
+
+async def test_without_keep_deleted_tombstones_go_after_the_retention(postgres_dsn: str) -> None:
+    src = MemorySource()
+    src.append(event("a", "u1", 1))
+    src.append(event("a", "u1", 2, "deleted", time="2020-01-01T00:00:00Z"))
+    src.append(event("b", "u2", 3))
+    src.append(event("b", "u2", 4, "deleted"))  # observed "now" (2026-11-27): kept
+    await mirror_all(src, postgres_dsn, keep_deleted=False, tombstone_retention=86400 * 365)
+    s = store(postgres_dsn, keep_deleted=False, tombstone_retention=86400 * 365)
+    await s.open()
+    try:
+        assert await s.prune() == 1
+    finally:
+        await s.close()
+    assert await rows(postgres_dsn, "SELECT uid FROM k8s.deleted_objects") == [("u2",)]
+    kept = store(postgres_dsn, keep_deleted=True, tombstone_retention=1)
+    await kept.open()
+    try:
+        assert await kept.prune() == 0  # keepDeleted: never
+    finally:
+        await kept.close()
