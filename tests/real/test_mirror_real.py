@@ -1,8 +1,9 @@
 """``k8s-bridge mirror`` on the real servers: PostgreSQL equals kube-apiserver.
 
 Two bridges (``cluster.name`` east and west, the same namespace of one real
-kube-apiserver, so the same uids in two clusters) publish into one Kafka topic
-of three partitions; one mirror process writes PostgreSQL. Pods churn
+kube-apiserver, so the same uids in two clusters) publish into one bus — a
+Kafka topic of three partitions, or the JetStream stream K8S — and one mirror
+process writes PostgreSQL. Pods churn
 (created, annotated, deleted, names reused) while the mirror is killed with
 ``kill -9`` at random instants and restarted, and PostgreSQL itself is
 restarted (immediate mode: a crash) in the middle of the churn. Late copies of
@@ -17,6 +18,7 @@ transaction a kill between the two loses or doubles changes.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from pathlib import Path
@@ -27,7 +29,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
 from tests.e2e.crash_world import (
     Target,
     World,
@@ -38,6 +40,7 @@ from tests.e2e.crash_world import (
 )
 from tests.e2e.mirror_process import MirrorProcess, query, write_mirror_config
 from tests.fixtures.kube import KubeCluster
+from tests.fixtures.nats import NatsServer
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.realkafka import KafkaBroker
 
@@ -83,10 +86,13 @@ def bridge_config(tmp: Path, cluster: KubeCluster, ns: str, name: str, sink: Any
     )
 
 
-async def assert_mirror_equals_api(cluster: KubeCluster, ns: str, dsn: str, where: str) -> None:
-    listed = cluster.list("v1", "Pod", ns)["items"]
-    want = {p["metadata"]["name"]: p for p in listed}
-    for name in CLUSTERS:
+async def assert_mirror_equals_api(
+    cluster: KubeCluster, namespaces: dict[str, str], dsn: str, where: str
+) -> None:
+    """Each cluster's rows against a LIST of the namespace its bridge watches."""
+    for name, ns in namespaces.items():
+        listed = cluster.list("v1", "Pod", ns)["items"]
+        want = {p["metadata"]["name"]: p for p in listed}
         rows = await query(
             dsn,
             "SELECT name, uid, resource_version, object FROM k8s.objects"
@@ -115,87 +121,178 @@ async def assert_mirror_equals_api(cluster: KubeCluster, ns: str, dsn: str, wher
             )
 
 
+class KafkaBus:
+    """One topic of three partitions; late copies produced again with their keys."""
+
+    # Both bridges watch one namespace: the same uids (and event ids) in two clusters.
+    shared_namespace = True
+
+    def __init__(self, broker: KafkaBroker) -> None:
+        self.bootstrap = broker.bootstrap
+        self.topic = "mirror-" + uuid.uuid4().hex[:8]
+        self.sink = {
+            "kind": "kafka",
+            "kafka": {"bootstrapServers": [self.bootstrap], "topic": self.topic},
+        }
+
+    async def create(self) -> None:
+        await create_topic(self.bootstrap, self.topic, PARTITIONS)
+
+    async def events(self) -> list[dict[str, Any]]:
+        return await kafka_events(self.bootstrap, self.topic)
+
+    async def put_back(self, events: list[dict[str, Any]]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap)
+        await producer.start()
+        try:
+            for e in events:
+                await producer.send_and_wait(self.topic, orjson.dumps(e), key=e["subject"].encode())
+        finally:
+            await producer.stop()
+
+    async def ends(self) -> dict[int, int]:
+        return await end_offsets(self.bootstrap, self.topic, PARTITIONS)
+
+
+class JetStreamBus:
+    """The bridges' stream K8S (they create it); late copies published without a
+    Nats-Msg-Id, so the duplicate window keeps them."""
+
+    # A namespace each: two bridges publishing the same event ids (Nats-Msg-Id) into
+    # one stream would have JetStream drop one of each pair as a duplicate (two real
+    # clusters never share uids).
+    shared_namespace = False
+
+    def __init__(self, server: NatsServer) -> None:
+        self.url = server.url
+        self.sink = {"kind": "nats", "nats": {"servers": [self.url]}}
+
+    async def create(self) -> None:
+        pass
+
+    async def events(self) -> list[dict[str, Any]]:
+        return await jetstream_events(self.url)
+
+    async def put_back(self, events: list[dict[str, Any]]) -> None:
+        import nats
+
+        nc = await nats.connect(self.url)
+        try:
+            js = nc.jetstream()
+            for e in events:
+                await js.publish(e["_subject"], e["_raw"])
+        finally:
+            await nc.close()
+
+    async def ends(self) -> dict[int, int]:
+        import nats
+
+        nc = await nats.connect(self.url)
+        try:
+            info = await nc.jetstream().stream_info("K8S")
+        finally:
+            await nc.close()
+        return {0: info.state.last_seq + 1}
+
+
+@pytest.fixture(params=["kafka", "jetstream"])
+def bus(request: pytest.FixtureRequest) -> Any:
+    if request.param == "kafka":
+        return KafkaBus(request.getfixturevalue("real_kafka"))
+    return JetStreamBus(request.getfixturevalue("nats_control"))
+
+
 async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart(
     tmp_path: Path,
     kube_cluster: KubeCluster,
     kube_namespace: str,
-    real_kafka: KafkaBroker,
+    bus: Any,
     postgres_control: PostgresServer,
+    request: pytest.FixtureRequest,
 ) -> None:
     s = seed()
     rng = random.Random(s)
     ns = kube_namespace
     where = f"(CRASH_SEED={s})"
-    topic = "mirror-" + uuid.uuid4().hex[:8]
-    await create_topic(real_kafka.bootstrap, topic, PARTITIONS)
-    sink = {"kind": "kafka", "kafka": {"bootstrapServers": [real_kafka.bootstrap], "topic": topic}}
+    await bus.create()
     dsn = postgres_control.new_database()
+    source = {"kind": bus.sink["kind"], **{k: v for k, v in bus.sink.items() if k != "kind"}}
     mirror_config = write_mirror_config(
         tmp_path / "mirror.yaml",
-        source={
-            "kind": "kafka",
-            "kafka": {"bootstrapServers": [real_kafka.bootstrap], "topic": topic},
-        },
+        source=source,
         dsn=dsn,
         history=True,
         keepDeleted=True,
         # Small transactions: many commits for the kills to land between and inside.
         batch={"maxEvents": 10, "maxWait": 0.02},
     )
-    world = World(
-        Target(kube_cluster, ns, lambda: "", mutate=annotation_patch, rate=40.0),
-        random.Random(s + 1),
-    )
-    for _ in range(150):
-        world.create()
-    bridges = [
-        BridgeProcess(bridge_config(tmp_path, kube_cluster, ns, name, sink)) for name in CLUSTERS
-    ]
-    for b in bridges:
+    namespaces = {
+        name: ns if bus.shared_namespace or i == 0 else kube_cluster.namespace()
+        for i, name in enumerate(CLUSTERS)
+    }
+    for n in set(namespaces.values()) - {ns}:
+        request.addfinalizer(lambda n=n: kube_cluster.raw("DELETE", f"/api/v1/namespaces/{n}"))
+    worlds = {
+        n: World(
+            Target(kube_cluster, n, lambda: "", mutate=annotation_patch, rate=40.0),
+            random.Random(s + 1 + i),
+        )
+        for i, n in enumerate(dict.fromkeys(namespaces.values()))
+    }
+
+    async def churn(seconds: float) -> None:
+        await asyncio.gather(*(w.churn(seconds) for w in worlds.values()))
+
+    for w in worlds.values():
+        for _ in range(150 // len(worlds)):
+            w.create()
+    bridges = {
+        name: BridgeProcess(bridge_config(tmp_path, kube_cluster, namespaces[name], name, bus.sink))
+        for name in CLUSTERS
+    }
+    for b in bridges.values():
         await b.start()
     mirror = MirrorProcess(mirror_config)
     kills = 0
     try:
-        for b in bridges:
+        for b in bridges.values():
             await b.wait_ready(60)
         restart_round = rng.randrange(ROUNDS)
         for r in range(ROUNDS):
-            world.round = r
             # A backlog builds while the mirror is down, so the kill below lands, as
             # often as not, while it is catching up: inside or between its transactions.
-            await world.churn(rng.uniform(0.3, 1.5))
+            await churn(rng.uniform(0.3, 1.5))
             await mirror.start()
-            await world.churn(rng.uniform(0.5, 2.0))
+            await churn(rng.uniform(0.5, 2.0))
             if r == restart_round:
                 # The database crashes and comes back while the mirror writes and Pods churn.
-                world.log.append(f"r{r} postgres restart")
                 postgres_control.stop("immediate")
-                await world.churn(rng.uniform(0.2, 1.5))
+                await churn(rng.uniform(0.2, 1.5))
                 postgres_control.start()
-                await world.churn(rng.uniform(0.5, 1.5))
+                await churn(rng.uniform(0.5, 1.5))
             assert mirror.running, f"the mirror exited: {mirror.tail_log()}"
             await mirror.kill9()
             kills += 1
+            for w in worlds.values():
+                for _ in range(rng.randrange(10)):
+                    w.step(recent_first=True)
         # Settle: both bridges published everything, then the mirror read it all.
-        for b in bridges:
+        for name, b in bridges.items():
             db = b.config.parent / "state.db"
+            world = worlds[namespaces[name]]
             await until(
-                lambda db=db: sqlite_settled(db, f"core/v1/pods@{ns}")(world),
+                lambda db=db, n=namespaces[name], world=world: sqlite_settled(
+                    db, f"core/v1/pods@{n}"
+                )(world),
                 60,
                 lambda b=b: f"bridge not settled {where}:\n{b.tail_log()}",
             )
-        # Late copies of old events: a sample of what is on the topic, put back at its end.
-        old = await kafka_events(real_kafka.bootstrap, topic)
-        late = rng.sample(old, min(200, len(old)))
-        producer = AIOKafkaProducer(bootstrap_servers=real_kafka.bootstrap)
-        await producer.start()
-        try:
-            for e in late:
-                await producer.send_and_wait(topic, orjson.dumps(e), key=e["subject"].encode())
-        finally:
-            await producer.stop()
+        # Late copies of old events: a sample of what is on the bus, put back at its end.
+        old = await bus.events()
+        published = await bus.ends()  # the late copies come after these
+        await bus.put_back(rng.sample(old, min(200, len(old))))
         await mirror.start()
-        ends = await end_offsets(real_kafka.bootstrap, topic, PARTITIONS)
+        ends = await bus.ends()
 
         async def caught_up() -> bool:
             rows = await query(dsn, "SELECT part, next_position FROM k8s.positions")
@@ -205,12 +302,24 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
         await until(caught_up, 60, lambda: f"mirror behind {where}:\n{mirror.tail_log()}")
         assert await mirror.stop() == 0, mirror.tail_log()
     finally:
-        for b in bridges:
+        for b in bridges.values():
             if b.proc is not None and b.proc.returncode is None:
                 await b.stop()
         if mirror.running:
             await mirror.kill9()
-    await assert_mirror_equals_api(kube_cluster, ns, dsn, where)
+    # Every event the bridges published is in the history once, at its own position: no
+    # gap. (No transaction markers: positions are contiguous; the late copies that follow
+    # repeat event ids already recorded, which the history keeps once.)
+    for part, end in published.items():
+        got = [p for (p,) in await query(
+            dsn, "SELECT position FROM k8s.changes WHERE part = $1 ORDER BY 1", part
+        )]  # fmt: skip
+        first = 1 if isinstance(bus, JetStreamBus) else 0
+        holes = sorted(set(range(first, end)) - set(got))
+        assert not holes, (
+            f"part {part}: {len(holes)} positions never written, from {holes[:5]} {where}"
+        )
+    await assert_mirror_equals_api(kube_cluster, namespaces, dsn, where)
     # Every change once in the history, whatever the kills: no event id twice.
     (dups,) = await query(
         dsn, "SELECT count(*) - count(DISTINCT (cluster, event_id)) FROM k8s.changes"
@@ -219,5 +328,6 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
     # Every deleted object that reached the database is in deleted_objects.
     gone = await query(dsn, "SELECT DISTINCT uid FROM k8s.deleted_objects WHERE reason = 'deleted'")
     seen = await query(dsn, "SELECT DISTINCT uid FROM k8s.changes")
-    assert {u for (u,) in seen} & world.deleted <= {u for (u,) in gone}, where
+    deleted = set().union(*(w.deleted for w in worlds.values()))
+    assert {u for (u,) in seen} & deleted <= {u for (u,) in gone}, where
     assert kills == ROUNDS
