@@ -6,10 +6,12 @@ import asyncio
 import sys
 
 from bridge.logging import get_logger
+from bridge.mirror.metrics import mirror_registry, readiness
 from bridge.mirror.runner import Mirror
 from bridge.mirror.settings import MirrorSettings
 from bridge.mirror.sources import make_source
 from bridge.mirror.store import PostgresStore
+from bridge.service.health import HealthServer
 
 log = get_logger(__name__)
 
@@ -34,6 +36,15 @@ def build_mirror(settings: MirrorSettings) -> Mirror:
 
 async def run_mirror(settings: MirrorSettings, stop: asyncio.Event) -> int:
     mirror = build_mirror(settings)
+    server = None
+    if settings.server.port is not None:
+        server = HealthServer(
+            settings.server.host,
+            settings.server.port,
+            mirror_registry(mirror),
+            lambda: readiness(mirror),
+        )
+        await server.start()
     log.info(
         "mirror starting",
         source=settings.source.identity,
@@ -41,6 +52,10 @@ async def run_mirror(settings: MirrorSettings, stop: asyncio.Event) -> int:
         history=settings.history,
         keep_deleted=settings.keep_deleted,
     )
-    await mirror.run(stop)
+    try:
+        await mirror.run(stop)
+    finally:
+        if server is not None:
+            await server.stop()
     print(f"k8s-bridge mirror: {mirror.stats.line()}", file=sys.stderr)
     return 0

@@ -37,6 +37,7 @@ class MirrorStats:
     database_outages: int = 0
     bus_outages: int = 0
     rereads: int = 0  # positions that moved under a batch
+    last_commit: float = 0.0  # Unix time of the last committed batch
 
     def line(self) -> str:
         return (
@@ -68,11 +69,13 @@ class Mirror:
         self.stats = MirrorStats()
         # partition → next position as stored (None: nothing stored yet)
         self._stored: dict[int, int | None] = {}
+        # What is unavailable while the mirror waits for it ("PostgreSQL", "the bus").
+        self.paused: str | None = None
+        self.positioned = False  # read the stored positions and sought the bus once
 
     async def run(self, stop: asyncio.Event) -> None:
         need_open, need_seek = True, True
         delay = self.backoff[0]
-        down: str | None = None  # what is unavailable, while it is
         last_prune = time.monotonic()
         try:
             while not stop.is_set():
@@ -84,10 +87,10 @@ class Mirror:
                         stored = await self.store.positions(self.source.identity)
                         await self.source.seek(stored)
                         self._stored = dict(stored)
-                        need_seek = False
-                    if down is not None:
-                        log.info(f"{down} is back: reading again from the stored positions")
-                        down, delay = None, self.backoff[0]
+                        need_seek, self.positioned = False, True
+                    if self.paused is not None:
+                        log.info(f"{self.paused} is back: reading again from the stored positions")
+                        self.paused, delay = None, self.backoff[0]
                     messages = await self.source.fetch(self.max_events, self.max_wait)
                     if messages:
                         batch = self._batch(messages)
@@ -96,6 +99,7 @@ class Mirror:
                             self._stored[part] = after
                         self.stats.batches += 1
                         self.stats.changes += len(batch.changes)
+                        self.stats.last_commit = time.time()
                         if self.on_batch is not None:
                             self.on_batch(batch)
                     if time.monotonic() - last_prune > self.prune_every:
@@ -103,16 +107,16 @@ class Mirror:
                         await self.store.prune()
                 except DatabaseUnavailable as e:
                     need_open = True
-                    if down != "PostgreSQL":
+                    if self.paused != "PostgreSQL":
                         self.stats.database_outages += 1
                         log.warning(f"database unavailable, pausing ({e}); retrying")
-                    down = "PostgreSQL"
+                    self.paused = "PostgreSQL"
                 except SourceUnavailable as e:
                     need_seek = True
-                    if down != "the bus":
+                    if self.paused != "the bus":
                         self.stats.bus_outages += 1
                         log.warning(f"bus unavailable, pausing ({e}); retrying")
-                    down = "the bus"
+                    self.paused = "the bus"
                 except PositionMoved as e:
                     self.stats.rereads += 1
                     log.info(f"position moved: {e}")

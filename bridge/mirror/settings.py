@@ -93,6 +93,16 @@ class MirrorBatchSettings(_Section):
     )
 
 
+class MirrorServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /healthz, /readyz and /metrics on this port; omitted: no server",
+    )
+
+
 class MirrorSettings(BaseModel):
     """The whole mirror configuration. Build it with ``load_mirror_settings``."""
 
@@ -115,6 +125,7 @@ class MirrorSettings(BaseModel):
         " long enough that a late redelivery of one of its states cannot bring it back",
     )
     batch: MirrorBatchSettings = Field(default_factory=MirrorBatchSettings)
+    server: MirrorServerSettings = Field(default_factory=MirrorServerSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import nats
 import pytest
 
 from tests.doubles.memory_source import event
-from tests.e2e.bridge_process import cli, until
+from tests.e2e.bridge_process import cli, free_port, until
 from tests.e2e.mirror_process import MirrorProcess, query, write_mirror_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -68,6 +69,7 @@ async def test_from_jetstream_skipping_what_is_not_ours_and_resuming(
     tmp_path: Path, nats_server: str, postgres_dsn: str
 ) -> None:
     stream = "MIRROR" + tmp_path.name[-6:].upper().replace("-", "_")
+    port = free_port()
     nc = await nats.connect(nats_server)
     js = nc.jetstream()
     await js.add_stream(name=stream, subjects=[f"{stream}.>"])
@@ -81,6 +83,7 @@ async def test_from_jetstream_skipping_what_is_not_ours_and_resuming(
                                           "subjects": [f"{stream}.>"]}},
         dsn=postgres_dsn,
         history=True,
+        server={"host": "127.0.0.1", "port": port},
     )  # fmt: skip
     mirror = MirrorProcess(config)
     try:
@@ -93,6 +96,15 @@ async def test_from_jetstream_skipping_what_is_not_ours_and_resuming(
             return await query(postgres_dsn, "SELECT count(*) FROM k8s.changes") == [(n,)]
 
         await until(lambda: changes(2), 30, mirror.tail_log)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                assert r.status == 200, await r.text()
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                metrics = await r.text()
+        assert "k8s_bridge_mirror_changes_total 2.0" in metrics, metrics
+        assert "k8s_bridge_mirror_skipped_total 1.0" in metrics, metrics
+        assert 'k8s_bridge_mirror_outages_total{dependency="database"} 0.0' in metrics
+        assert "k8s_bridge_mirror_paused 0.0" in metrics
         assert await mirror.stop() == 0
         assert "0 database outages" in mirror.tail_log()
         assert "1 messages skipped (not ours)" in mirror.tail_log()

@@ -278,3 +278,33 @@ async def test_without_keep_deleted_tombstones_go_after_the_retention(postgres_d
         assert await kept.prune() == 0  # keepDeleted: never
     finally:
         await kept.close()
+
+
+async def test_readiness_follows_the_database(postgres_control: PostgresServer) -> None:
+    from bridge.mirror.metrics import readiness
+
+    dsn = postgres_control.new_database()
+    src = MemorySource()
+    mirror = Mirror(src, store(dsn), max_events=10, max_wait=0.01, backoff=(0.05, 0.1))
+    assert readiness(mirror) == (False, ["not reading yet: connecting to PostgreSQL and the bus"])
+    stop = asyncio.Event()
+    task = asyncio.create_task(mirror.run(stop))
+    try:
+        for _ in range(200):
+            if readiness(mirror)[0]:
+                break
+            await asyncio.sleep(0.02)
+        assert readiness(mirror) == (True, [])
+        postgres_control.stop("immediate")
+        src.append(event("a", "u1", 1))
+        for _ in range(200):
+            if not readiness(mirror)[0]:
+                break
+            await asyncio.sleep(0.02)
+        assert readiness(mirror) == (False, ["PostgreSQL unavailable: paused, retrying"])
+        postgres_control.start()
+        await settle(dsn, 1)
+        assert readiness(mirror) == (True, [])
+    finally:
+        stop.set()
+        await task

@@ -133,11 +133,13 @@ CASES: dict[str, dict[str, Any]] = {
                     "postgres": {"dsn": "postgresql://mirror@pg:5432/k8s"},
                     "history": True,
                     "keepDeleted": True,
+                    "server": None,  # null drops the default: no server, no probes
                 },
             }
         },
         "namespace": "bridge",
     },
+    "mirror-default": {"values": {"mirror": {"enabled": True}}, "namespace": "bridge"},
     "mirror-bad-key": {
         "values": {"mirror": {"enabled": True, "config": {"postgres": {"dsnn": "x"}}}},
         "namespace": "bridge",
@@ -563,6 +565,8 @@ def test_mirror_renders_a_hardened_deployment_with_a_config_the_mirror_accepts(
     assert container["envFrom"] == [{"secretRef": {"name": "mirror-postgres", "optional": True}}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["automountServiceAccountToken"] is False
+    # The case's mirror.config drops the server: no port, no probes.
+    assert "ports" not in container and "readinessProbe" not in container
     # The bridge's Service and Deployment select none of the mirror's pods.
     labels = deploy["spec"]["template"]["metadata"]["labels"]
     (service,) = find(objs, "Service")
@@ -570,6 +574,14 @@ def test_mirror_renders_a_hardened_deployment_with_a_config_the_mirror_accepts(
     for selector in (service["spec"]["selector"], bridge["spec"]["selector"]["matchLabels"]):
         assert not all(labels.get(k) == v for k, v in selector.items()), selector
     assert deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_default_mirror_is_probed_on_its_server(helm_results: dict[str, Any]) -> None:
+    (deploy,) = find(docs(helm_results["mirror-default"]), "Deployment", "-mirror")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 def test_no_mirror_unless_enabled(helm_results: dict[str, Any]) -> None:
