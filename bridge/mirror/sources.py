@@ -95,11 +95,12 @@ class KafkaSource:
         admin = AIOKafkaAdminClient(
             **connection_options(self.settings.kafka, "k8s-bridge-mirror-admin")
         )
-        await admin.start()
         try:
+            await admin.start()
             (described,) = await admin.describe_topics([self.topic])
         finally:
-            await admin.close()
+            with contextlib.suppress(Exception):
+                await admin.close()
         if described["error_code"]:
             return []
         return [p["partition"] for p in described["partitions"]]
