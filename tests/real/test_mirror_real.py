@@ -331,3 +331,52 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
     deleted = set().union(*(w.deleted for w in worlds.values()))
     assert {u for (u,) in seen} & deleted <= {u for (u,) in gone}, where
     assert kills == ROUNDS
+
+
+async def test_a_kafka_broker_that_goes_away_and_comes_back_costs_no_change(
+    tmp_path: Path, real_kafka_private: KafkaBroker, postgres_dsn: str
+) -> None:
+    from tests.doubles.memory_source import event
+
+    broker = real_kafka_private
+    topic = "mirror-down-" + uuid.uuid4().hex[:8]
+    await create_topic(broker.bootstrap, topic, 2)
+
+    async def produce(first: int, n: int) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        try:
+            for i in range(first, first + n):
+                await producer.send_and_wait(
+                    topic, event(f"p{i}", f"u{i}", 10 + i), key=f"ns/p{i}".encode()
+                )
+        finally:
+            await producer.stop()
+
+    async def written(n: int) -> bool:
+        return await query(postgres_dsn, "SELECT count(*) FROM k8s.changes") == [(n,)]
+
+    config = write_mirror_config(
+        tmp_path / "mirror.yaml",
+        source={"kind": "kafka", "kafka": {"bootstrapServers": [broker.bootstrap], "topic": topic}},
+        dsn=postgres_dsn,
+        history=True,
+    )
+    mirror = MirrorProcess(config)
+    await produce(0, 100)
+    await mirror.start()
+    try:
+        await until(lambda: written(100), 30, mirror.tail_log)
+        broker.stop()
+        await asyncio.sleep(3)
+        assert mirror.running, mirror.tail_log()
+        broker.start()
+        await produce(100, 100)
+        await until(lambda: written(200), 60, mirror.tail_log)
+        assert await mirror.stop() == 0, mirror.tail_log()
+    finally:
+        if mirror.running:
+            await mirror.kill9()
+    positions = await query(postgres_dsn, "SELECT part, next_position FROM k8s.positions")
+    assert sum(n for _, n in positions) == 200
+    assert await query(postgres_dsn, "SELECT count(*) FROM k8s.objects") == [(200,)]
