@@ -14,6 +14,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -80,8 +81,11 @@ class PostgresServer:
         # The user PostgreSQL runs as must own its directory (and reach it).
         workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(workdir, 0o755)
-        for parent in workdir.parents:
-            if str(parent) in ("/", "/tmp"):
+        # Folders between it and the temporary root (pytest's, say) get search
+        # permission for others; nothing above the temporary root is touched.
+        top = Path(tempfile.gettempdir()).resolve()
+        for parent in workdir.resolve().parents:
+            if parent == top or top not in parent.parents:
                 break
             os.chmod(parent, os.stat(parent).st_mode | 0o011)
         if owner is not None:
