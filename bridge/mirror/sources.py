@@ -146,6 +146,7 @@ class NatsSource:
         self.subject = n.subjects[0] if len(n.subjects) == 1 else ">"
         self._nc: Any = None
         self._sub: Any = None
+        self._reconnects = 0
 
     async def seek(self, positions: Mapping[int, int]) -> None:
         import nats
@@ -172,6 +173,7 @@ class NatsSource:
                 if start
                 else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
             )
+            self._reconnects = self._nc.stats["reconnects"]
             self._sub = await self._nc.jetstream().subscribe(
                 self.subject,
                 stream=self.stream,
@@ -189,6 +191,11 @@ class NatsSource:
 
         if self._sub is None:
             raise SourceUnavailable("NATS: not subscribed")
+        if self._nc.stats["reconnects"] != self._reconnects:
+            # The server (and with it the ephemeral consumer) may be new: subscribe again
+            # from the stored position now, rather than when heartbeats are missed.
+            await self._unsubscribe()
+            raise SourceUnavailable("NATS reconnected")
         out: list[Message] = []
         timeout = max(wait, 0.001)
         while len(out) < max_messages:

@@ -4,6 +4,7 @@ PostgreSQL, skips what is not ours with one line each, and resumes where it stop
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -14,6 +15,7 @@ import pytest
 from tests.doubles.memory_source import event
 from tests.e2e.bridge_process import cli, free_port, until
 from tests.e2e.mirror_process import MirrorProcess, query, write_mirror_config
+from tests.fixtures.nats import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -126,3 +128,44 @@ async def test_from_jetstream_skipping_what_is_not_ours_and_resuming(
     assert await query(postgres_dsn, "SELECT source, part, next_position FROM k8s.positions") == [
         (f"nats:{stream}", 0, 7)
     ]
+
+
+async def test_a_nats_server_that_goes_away_and_comes_back_costs_no_change(
+    tmp_path: Path, nats_control: NatsServer, postgres_dsn: str
+) -> None:
+    async def publish(first: int, n: int) -> None:
+        nc = await nats.connect(nats_control.url)
+        try:
+            js = nc.jetstream()
+            for i in range(first, first + n):
+                await js.publish(f"k8s.c1.core.v1.pods.ns.p{i}", event(f"p{i}", f"u{i}", 10 + i))
+        finally:
+            await nc.close()
+
+    async def written(n: int) -> bool:
+        return await query(postgres_dsn, "SELECT count(*) FROM k8s.objects") == [(n,)]
+
+    nc = await nats.connect(nats_control.url)
+    await nc.jetstream().add_stream(name="K8S", subjects=["k8s.>"])
+    await nc.close()
+    config = write_mirror_config(
+        tmp_path / "mirror.yaml",
+        source={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        dsn=postgres_dsn,
+    )
+    mirror = MirrorProcess(config)
+    await publish(0, 50)
+    await mirror.start()
+    try:
+        await until(lambda: written(50), 30, mirror.tail_log)
+        nats_control.stop()
+        await asyncio.sleep(2)
+        assert mirror.running, mirror.tail_log()
+        nats_control.start()
+        await publish(50, 50)
+        await until(lambda: written(100), 60, mirror.tail_log)
+        assert await mirror.stop() == 0, mirror.tail_log()
+    finally:
+        if mirror.running:
+            await mirror.kill9()
+    assert await query(postgres_dsn, "SELECT next_position FROM k8s.positions") == [(101,)]
