@@ -16,17 +16,20 @@ import re
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
 
 from bridge.errors import ConfigError
-from bridge.service.settings import (
-    KafkaSettings,
-    LoggingSettings,
-    NatsSettings,
-    _Section,
-)
+from bridge.service.settings import KafkaSettings, LoggingSettings, NatsSettings
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class _Section(BaseModel):
+    # As the bridge's sections: camelCase in YAML (snake_case accepted), unknown keys refused.
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
+    )
 
 
 class MirrorSourceSettings(_Section):
