@@ -380,3 +380,55 @@ async def test_a_kafka_broker_that_goes_away_and_comes_back_costs_no_change(
     positions = await query(postgres_dsn, "SELECT part, next_position FROM k8s.positions")
     assert sum(n for _, n in positions) == 200
     assert await query(postgres_dsn, "SELECT count(*) FROM k8s.objects") == [(200,)]
+
+
+async def test_an_aborted_kafka_transaction_never_reaches_the_database(
+    tmp_path: Path, real_kafka: KafkaBroker, postgres_dsn: str
+) -> None:
+    """read_committed: what a bridge with sink.kafka.exactlyOnce wrote in a transaction it
+    never committed (killed inside it) is not a change; the committed ones around it are."""
+    from tests.doubles.memory_source import event
+
+    topic = "mirror-txn-" + uuid.uuid4().hex[:8]
+    await create_topic(real_kafka.bootstrap, topic, 1)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=real_kafka.bootstrap, transactional_id=f"t-{topic}"
+    )
+    await producer.start()
+    try:
+        for rvs, commit in (((1, 2), True), ((3, 4), False), ((5,), True)):
+            await producer.begin_transaction()
+            for rv in rvs:
+                await producer.send_and_wait(topic, event("a", "u1", rv), key=b"ns/a")
+            if commit:
+                await producer.commit_transaction()
+            else:
+                await producer.abort_transaction()
+    finally:
+        await producer.stop()
+    config = write_mirror_config(
+        tmp_path / "mirror.yaml",
+        source={
+            "kind": "kafka",
+            "kafka": {"bootstrapServers": [real_kafka.bootstrap], "topic": topic},
+        },
+        dsn=postgres_dsn,
+        history=True,
+    )
+    mirror = MirrorProcess(config)
+    await mirror.start()
+    try:
+
+        async def history() -> list[tuple[Any, ...]]:
+            return await query(postgres_dsn, "SELECT resource_version FROM k8s.changes ORDER BY 1")
+
+        await until(lambda: _equal(history(), [(1,), (2,), (5,)]), 30, mirror.tail_log)
+        assert await mirror.stop() == 0, mirror.tail_log()
+    finally:
+        if mirror.running:
+            await mirror.kill9()
+    assert await query(postgres_dsn, "SELECT resource_version FROM k8s.objects") == [(5,)]
+
+
+async def _equal(rows: Any, want: list[tuple[Any, ...]]) -> bool:
+    return await rows == want
