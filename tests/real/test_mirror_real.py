@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
@@ -34,6 +34,7 @@ from tests.e2e.crash_world import (
     Target,
     World,
     annotation_patch,
+    kafka_checkpoint_settled,
     kafka_events,
     seed,
     sqlite_settled,
@@ -43,6 +44,7 @@ from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.realkafka import KafkaBroker
+from tests.real.kafkabus import read_topic
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -60,29 +62,15 @@ async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         await admin.close()
 
 
-async def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        ends = await consumer.end_offsets(tps)
-        return {tp.partition: off for tp, off in ends.items()}
-    finally:
-        await consumer.stop()
-
-
-def bridge_config(tmp: Path, cluster: KubeCluster, ns: str, name: str, sink: Any) -> Path:
+def bridge_config(tmp: Path, cluster: KubeCluster, ns: str, name: str, bus: Any) -> Path:
     d = tmp / name
     d.mkdir()
     return write_config(
         d / "bridge.yaml",
         kubeconfig=cluster.write_kubeconfig(d / "kubeconfig"),
-        sink=sink,
         cluster={"kubeconfig": str(d / "kubeconfig"), "name": name},
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
-        checkpoint={"kind": "sqlite", "path": str(d / "state.db"), "flushInterval": 0.2},
+        **bus.bridge(name, d),
     )
 
 
@@ -122,24 +110,43 @@ async def assert_mirror_equals_api(
 
 
 class KafkaBus:
-    """One topic of three partitions; late copies produced again with their keys."""
+    """One topic of three partitions; late copies produced again (plainly) with their keys.
+    With ``exactly_once`` each bridge publishes in transactions with its checkpoint in
+    Kafka (sink.kafka.exactlyOnce): the topic then holds transaction markers too."""
 
     # Both bridges watch one namespace: the same uids (and event ids) in two clusters.
     shared_namespace = True
 
-    def __init__(self, broker: KafkaBroker) -> None:
+    def __init__(self, broker: KafkaBroker, *, exactly_once: bool = False) -> None:
         self.bootstrap = broker.bootstrap
         self.topic = "mirror-" + uuid.uuid4().hex[:8]
-        self.sink = {
+        self.exactly_once = exactly_once
+        self.source = {
             "kind": "kafka",
             "kafka": {"bootstrapServers": [self.bootstrap], "topic": self.topic},
         }
+
+    def bridge(self, name: str, d: Path) -> dict[str, Any]:
+        kafka: dict[str, Any] = {"bootstrapServers": [self.bootstrap], "topic": self.topic}
+        if not self.exactly_once:
+            checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "flushInterval": 0.2}
+            return {"sink": {"kind": "kafka", "kafka": kafka}, "checkpoint": checkpoint}
+        kafka |= {"exactlyOnce": True, "transactionalIdPrefix": f"{self.topic}-{name}"}
+        checkpoint = {"kind": "kafka", "kafka": {"topic": f"{self.topic}-cp-{name}"}}
+        return {"sink": {"kind": "kafka", "kafka": kafka}, "checkpoint": checkpoint}
+
+    def settled(self, name: str, d: Path, ns: str) -> Any:
+        if self.exactly_once:
+            return kafka_checkpoint_settled(
+                self.bootstrap, f"{self.topic}-cp-{name}", f"core/v1/pods@{ns}"
+            )
+        return sqlite_settled(d / "state.db", f"core/v1/pods@{ns}")
 
     async def create(self) -> None:
         await create_topic(self.bootstrap, self.topic, PARTITIONS)
 
     async def events(self) -> list[dict[str, Any]]:
-        return await kafka_events(self.bootstrap, self.topic)
+        return await kafka_events(self.bootstrap, self.topic, isolation_level="read_committed")
 
     async def put_back(self, events: list[dict[str, Any]]) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap)
@@ -150,8 +157,13 @@ class KafkaBus:
         finally:
             await producer.stop()
 
-    async def ends(self) -> dict[int, int]:
-        return await end_offsets(self.bootstrap, self.topic, PARTITIONS)
+    async def data_positions(self) -> dict[int, set[int]]:
+        """The offsets of the committed records, per partition (markers and aborted
+        records left out)."""
+        out: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
+        for r in await read_topic(self.bootstrap, self.topic, isolation_level="read_committed"):
+            out[r.partition].add(r.offset)
+        return out
 
 
 class JetStreamBus:
@@ -165,7 +177,14 @@ class JetStreamBus:
 
     def __init__(self, server: NatsServer) -> None:
         self.url = server.url
-        self.sink = {"kind": "nats", "nats": {"servers": [self.url]}}
+        self.source = {"kind": "nats", "nats": {"servers": [self.url]}}
+
+    def bridge(self, name: str, d: Path) -> dict[str, Any]:
+        checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "flushInterval": 0.2}
+        return {"sink": self.source, "checkpoint": checkpoint}
+
+    def settled(self, name: str, d: Path, ns: str) -> Any:
+        return sqlite_settled(d / "state.db", f"core/v1/pods@{ns}")
 
     async def create(self) -> None:
         pass
@@ -184,7 +203,7 @@ class JetStreamBus:
         finally:
             await nc.close()
 
-    async def ends(self) -> dict[int, int]:
+    async def data_positions(self) -> dict[int, set[int]]:
         import nats
 
         nc = await nats.connect(self.url)
@@ -192,13 +211,14 @@ class JetStreamBus:
             info = await nc.jetstream().stream_info("K8S")
         finally:
             await nc.close()
-        return {0: info.state.last_seq + 1}
+        return {0: set(range(info.state.first_seq, info.state.last_seq + 1))}
 
 
-@pytest.fixture(params=["kafka", "jetstream"])
+@pytest.fixture(params=["kafka", "kafka-exactly-once", "jetstream"])
 def bus(request: pytest.FixtureRequest) -> Any:
-    if request.param == "kafka":
-        return KafkaBus(request.getfixturevalue("real_kafka"))
+    if request.param.startswith("kafka"):
+        broker = request.getfixturevalue("real_kafka")
+        return KafkaBus(broker, exactly_once=request.param == "kafka-exactly-once")
     return JetStreamBus(request.getfixturevalue("nats_control"))
 
 
@@ -216,10 +236,9 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
     where = f"(CRASH_SEED={s})"
     await bus.create()
     dsn = postgres_control.new_database()
-    source = {"kind": bus.sink["kind"], **{k: v for k, v in bus.sink.items() if k != "kind"}}
     mirror_config = write_mirror_config(
         tmp_path / "mirror.yaml",
-        source=source,
+        source=bus.source,
         dsn=dsn,
         history=True,
         keepDeleted=True,
@@ -247,7 +266,7 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
         for _ in range(150 // len(worlds)):
             w.create()
     bridges = {
-        name: BridgeProcess(bridge_config(tmp_path, kube_cluster, namespaces[name], name, bus.sink))
+        name: BridgeProcess(bridge_config(tmp_path, kube_cluster, namespaces[name], name, bus))
         for name in CLUSTERS
     }
     for b in bridges.values():
@@ -278,26 +297,24 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
                     w.step(recent_first=True)
         # Settle: both bridges published everything, then the mirror read it all.
         for name, b in bridges.items():
-            db = b.config.parent / "state.db"
             world = worlds[namespaces[name]]
+            settled = bus.settled(name, b.config.parent, namespaces[name])
             await until(
-                lambda db=db, n=namespaces[name], world=world: sqlite_settled(
-                    db, f"core/v1/pods@{n}"
-                )(world),
+                lambda settled=settled, world=world: settled(world),
                 60,
                 lambda b=b: f"bridge not settled {where}:\n{b.tail_log()}",
             )
         # Late copies of old events: a sample of what is on the bus, put back at its end.
         old = await bus.events()
-        published = await bus.ends()  # the late copies come after these
+        published = await bus.data_positions()  # the late copies come after these
         await bus.put_back(rng.sample(old, min(200, len(old))))
         await mirror.start()
-        ends = await bus.ends()
+        ends = {p: max(ps) + 1 for p, ps in (await bus.data_positions()).items() if ps}
 
         async def caught_up() -> bool:
             rows = await query(dsn, "SELECT part, next_position FROM k8s.positions")
             got = {int(p): int(n) for p, n in rows}
-            return all(got.get(p, 0) >= end for p, end in ends.items() if end)
+            return all(got.get(p, 0) >= end for p, end in ends.items())
 
         await until(caught_up, 60, lambda: f"mirror behind {where}:\n{mirror.tail_log()}")
         assert await mirror.stop() == 0, mirror.tail_log()
@@ -308,14 +325,13 @@ async def test_mirror_equals_kube_apiserver_through_kill9_and_a_postgres_restart
         if mirror.running:
             await mirror.kill9()
     # Every event the bridges published is in the history once, at its own position: no
-    # gap. (No transaction markers: positions are contiguous; the late copies that follow
-    # repeat event ids already recorded, which the history keeps once.)
-    for part, end in published.items():
-        got = [p for (p,) in await query(
-            dsn, "SELECT position FROM k8s.changes WHERE part = $1 ORDER BY 1", part
-        )]  # fmt: skip
-        first = 1 if isinstance(bus, JetStreamBus) else 0
-        holes = sorted(set(range(first, end)) - set(got))
+    # gap. (The late copies that follow repeat event ids already recorded, which the
+    # history keeps once; transaction markers and aborted records hold no event.)
+    for part, positions in published.items():
+        got = {p for (p,) in await query(
+            dsn, "SELECT position FROM k8s.changes WHERE part = $1", part
+        )}  # fmt: skip
+        holes = sorted(positions - got)
         assert not holes, (
             f"part {part}: {len(holes)} positions never written, from {holes[:5]} {where}"
         )
