@@ -125,7 +125,8 @@ class Mirror:
                 else:
                     continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
                 delay = min(delay * 2, self.backoff[1])
         finally:
             await self.source.close()

@@ -215,7 +215,8 @@ class NatsSource:
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(sub.unsubscribe(), 5)
+                async with asyncio.timeout(5):
+                    await sub.unsubscribe()
 
     async def close(self) -> None:
         await self._unsubscribe()

@@ -246,7 +246,8 @@ class PostgresStore:
         if conn is None:
             return
         try:
-            await asyncio.wait_for(conn.close(), 5)
+            async with asyncio.timeout(5):
+                await conn.close()
         except (*UNAVAILABLE, asyncpg.PostgresError):
             conn.terminate()
 
