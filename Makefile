@@ -51,10 +51,16 @@ lock:
 	$(UV_COMPILE) --extra dev -o $(DEV_LOCK) $(LOCK_ARGS)
 	$(UV_COMPILE) -c $(DEV_LOCK) -o $(RUNTIME_LOCK) $(LOCK_ARGS)
 
+# PostgreSQL (for `k8s-bridge mirror`'s tests, which start their own server with
+# initdb and pg_ctl in a temporary folder): Debian keeps its binaries out of PATH,
+# in /usr/lib/postgresql/<version>/bin, so that is where to look for them.
 tools:
 	@command -v nats-server >/dev/null 2>&1 || { \
 	  echo "installing nats-server (Debian package)"; \
 	  (apt-get update -qq && apt-get install -y -qq nats-server) >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing PostgreSQL (Debian package)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >/dev/null </dev/null; }
 
 realdeps:
 	bash tools/realdeps/build >/dev/null

@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.kube",
     "tests.fixtures.realkafka",
+    "tests.fixtures.postgres",
 ]
 
 

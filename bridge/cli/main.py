@@ -1,5 +1,5 @@
-"""The ``k8s-bridge`` command line: run | demo | check | replay | snapshot | tail | emulator |
-config."""
+"""The ``k8s-bridge`` command line: run | demo | check | replay | snapshot | tail | mirror |
+emulator | config."""
 
 from __future__ import annotations
 
@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument(
         "--timeout", type=non_negative_float, default=0, help="stop after N idle seconds"
     )
+
+    mirror = sub.add_parser("mirror", help="keep a PostgreSQL database equal to the bus's objects")
+    mirror.add_argument("--config", "-c", required=True, help="mirror YAML file (docs/mirror.md)")
+    mirror.add_argument(
+        "--log-format", choices=["auto", "json", "console"], help="overrides logging.format"
+    )
+    mirror.add_argument("--log-level", help="overrides logging.level")
 
     demo = sub.add_parser("demo", help="the bridge against an embedded API emulator, no setup")
     demo.add_argument("--sink", choices=["stdout", "nats", "kafka"], default="stdout")
@@ -225,6 +232,16 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     return run_until_signal(main)
 
 
+def _cmd_mirror(args: argparse.Namespace) -> int:
+    from bridge.cli.mirror import run_mirror
+    from bridge.logging import configure_logging
+    from bridge.mirror.settings import load_mirror_settings
+
+    settings = load_mirror_settings(args.config, _overrides(args))
+    configure_logging(settings.logging.format, settings.logging.level)
+    return run_until_signal(lambda stop: run_mirror(settings, stop))
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from bridge.cli.demo import run_demo
 
@@ -243,6 +260,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _cmd_replay,
     "snapshot": _cmd_snapshot,
     "tail": _cmd_tail,
+    "mirror": _cmd_mirror,
     "demo": _cmd_demo,
     "emulator": _cmd_emulator,
     "config": _cmd_config,

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.cli.main import build_parser
 from bridge.consumer import ReceivedEvent
+from bridge.mirror.settings import load_mirror_settings
 from bridge.service.metrics import Metrics
 from bridge.service.settings import load_settings, settings_json_schema
 
@@ -38,6 +39,11 @@ def yaml_blocks() -> list[tuple[str, str]]:
 def test_every_configuration_example_loads(where: str, text: str, tmp_path: Path) -> None:
     # A fragment (say, one resource's filter) is shown without a sink: give it one.
     data = yaml.safe_load(text)
+    if "postgres" in data and "source" in data:  # a k8s-bridge mirror config (docs/mirror.md)
+        path = tmp_path / "mirror.yaml"
+        path.write_text(text)
+        load_mirror_settings(str(path))
+        return
     if "replicaCount" in data:  # chart values: the bridge's config is under config:
         data = data["config"]
     data.setdefault("sink", {"kind": "stdout"})

@@ -24,9 +24,16 @@ def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 def build() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
+    from bridge.mirror.settings import mirror_json_schema
     from bridge.service.settings import settings_json_schema
 
+    mirror_config = mirror_json_schema()
+    mirror_defs = mirror_config.pop("$defs", {})
+    mirror_config.pop("title", None)
+    mirror_config["description"] = "The mirror configuration, rendered verbatim as mirror.yaml"
     config = settings_json_schema()
+    shared = set(mirror_defs) & set(config.get("$defs", {}))
+    assert all(mirror_defs[k] == config["$defs"][k] for k in shared), shared
     defs = config.pop("$defs", {})
     config.pop("title", None)
     config["description"] = "The bridge configuration, rendered verbatim as bridge.yaml"
@@ -54,6 +61,16 @@ def build() -> dict[str, Any]:
             "fullnameOverride": string,
             "replicaCount": {"type": "integer", "minimum": 0},
             "leaderElection": _obj({"enabled": boolean}, additionalProperties=False),
+            "mirror": _obj(
+                {
+                    "enabled": boolean,
+                    "config": mirror_config,
+                    "envFromSecrets": {"type": "array", "items": string},
+                    "extraEnv": {"type": "array", "items": anything},
+                    "resources": anything,
+                },
+                additionalProperties=False,
+            ),
             "sharding": _obj(
                 {
                     "replicas": {"type": "integer", "minimum": 0},
@@ -140,7 +157,8 @@ def build() -> dict[str, Any]:
             "affinity": anything,
             "priorityClassName": string,
         },
-        "$defs": defs,
+        # The mirror's source reuses the bridge's sink sections: the same definitions.
+        "$defs": {**mirror_defs, **defs},
     }
 
 

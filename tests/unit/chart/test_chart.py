@@ -123,6 +123,27 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "namespace": "bridge",
     },
+    "mirror": {
+        "values": {
+            "mirror": {
+                "enabled": True,
+                "envFromSecrets": ["mirror-postgres"],
+                "config": {
+                    "source": {"kind": "kafka", "kafka": {"bootstrapServers": ["kafka:9092"]}},
+                    "postgres": {"dsn": "postgresql://mirror@pg:5432/k8s"},
+                    "history": True,
+                    "keepDeleted": True,
+                    "server": None,  # null drops the default: no server, no probes
+                },
+            }
+        },
+        "namespace": "bridge",
+    },
+    "mirror-default": {"values": {"mirror": {"enabled": True}}, "namespace": "bridge"},
+    "mirror-bad-key": {
+        "values": {"mirror": {"enabled": True, "config": {"postgres": {"dsnn": "x"}}}},
+        "namespace": "bridge",
+    },
     "sharded-standby-sqlite": {
         "values": {"sharding": {"replicas": 2, "standby": True}},
         "namespace": "bridge",
@@ -516,3 +537,57 @@ def test_the_kafka_only_deployment_of_the_docs_renders_and_loads(
     settings = load_settings(str(path), env={})
     assert settings.sink.kafka.exactly_once and settings.checkpoint.kind == "kafka"
     assert settings.leader_election.enabled
+
+
+# --- k8s-bridge mirror ----------------------------------------------------------------
+
+
+def test_mirror_renders_a_hardened_deployment_with_a_config_the_mirror_accepts(
+    helm_results: dict[str, Any], tmp_path: Path
+) -> None:
+    from bridge.mirror.settings import load_mirror_settings
+
+    case = helm_results["mirror"]
+    lint = case["lint"]
+    assert lint["errors"] == [] and lint["warnings"] == [] and lint["code"] == 0, lint["output"]
+    objs = docs(case)
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    (cm,) = find(objs, "ConfigMap", "-mirror")
+    path = tmp_path / "mirror.yaml"
+    path.write_text(cm["data"]["mirror.yaml"])
+    settings = load_mirror_settings(str(path))
+    assert settings.source.identity == "kafka:k8s-events" and settings.history
+    (deploy,) = find(objs, "Deployment", "-mirror")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["mirror", "--config", "/etc/k8s-bridge-mirror/mirror.yaml"]
+    assert container["envFrom"] == [{"secretRef": {"name": "mirror-postgres", "optional": True}}]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False
+    # The case's mirror.config drops the server: no port, no probes.
+    assert "ports" not in container and "readinessProbe" not in container
+    # The bridge's Service and Deployment select none of the mirror's pods.
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    (service,) = find(objs, "Service")
+    (bridge,) = [d for d in find(objs, "Deployment") if d is not deploy]
+    for selector in (service["spec"]["selector"], bridge["spec"]["selector"]["matchLabels"]):
+        assert not all(labels.get(k) == v for k, v in selector.items()), selector
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_default_mirror_is_probed_on_its_server(helm_results: dict[str, Any]) -> None:
+    (deploy,) = find(docs(helm_results["mirror-default"]), "Deployment", "-mirror")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+
+
+def test_no_mirror_unless_enabled(helm_results: dict[str, Any]) -> None:
+    assert not find(docs(helm_results["default"]), "Deployment", "-mirror")
+
+
+def test_values_schema_rejects_a_bad_mirror_key(helm_results: dict[str, Any]) -> None:
+    lint = helm_results["mirror-bad-key"]["lint"]
+    assert lint["code"] != 0 and "dsnn" in " ".join(lint["errors"]), lint["output"]
