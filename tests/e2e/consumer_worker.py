@@ -1,0 +1,58 @@
+"""A ``consume(..., group=...)`` worker in a process of its own, for the kill -9 tests.
+
+``python -m tests.e2e.consumer_worker CONFIG GROUP DB NAME [--kafka-session-ms N]``
+records every event it is handed in the table ``handled`` of the SQLite file
+``DB``, through the connection of the group's ``SqlitePositions`` in the same
+file: the record and the position commit together (the handler's effect is
+exactly once), so a row twice is a redelivery the consumer did not recognise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from bridge.consumer import consume
+from bridge.consuming.positions import SqlitePositions
+from bridge.service.settings import load_settings
+
+HANDLED = (
+    "create table if not exists handled (seq integer primary key autoincrement,"
+    " worker text, uid text, rv text, id text, change text)"
+)
+
+
+async def main(args: argparse.Namespace) -> None:
+    settings = load_settings(args.config)
+    positions = SqlitePositions(args.db, group=args.group)
+    await positions.open()
+    positions.connection.execute(HANDLED)
+    options: dict[str, Any] = {}
+    if settings.sink.kind == "kafka":
+        options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+    else:
+        options = {"lease_seconds": args.lease_seconds}
+    async for event in consume(
+        settings,
+        group=args.group,
+        positions=positions,
+        from_start=True,
+        commit_interval=args.commit_interval,
+        group_options=options,
+    ):
+        positions.connection.execute(
+            "insert into handled (worker, uid, rv, id, change) values (?, ?, ?, ?, ?)",
+            (args.name, event.id.split(":", 1)[0], event.resource_version, event.id, event.change),
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("group")
+    parser.add_argument("db")
+    parser.add_argument("name")
+    parser.add_argument("--commit-interval", type=float, default=0.5)
+    parser.add_argument("--lease-seconds", type=float, default=3.0)
+    asyncio.run(main(parser.parse_args()))
