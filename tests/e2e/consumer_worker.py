@@ -41,6 +41,8 @@ async def main(args: argparse.Namespace) -> None:
         commit_interval=args.commit_interval,
         group_options=options,
     ):
+        # A handler takes time (I/O): most kills land inside one, as they would.
+        await asyncio.sleep(args.handler_seconds)
         positions.connection.execute(
             "insert into handled (worker, uid, rv, id, change) values (?, ?, ?, ?, ?)",
             (args.name, event.id.split(":", 1)[0], event.resource_version, event.id, event.change),
@@ -55,4 +57,5 @@ if __name__ == "__main__":
     parser.add_argument("name")
     parser.add_argument("--commit-interval", type=float, default=0.5)
     parser.add_argument("--lease-seconds", type=float, default=3.0)
+    parser.add_argument("--handler-seconds", type=float, default=0.01)
     asyncio.run(main(parser.parse_args()))
