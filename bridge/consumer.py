@@ -22,7 +22,7 @@ import contextlib
 import re
 import ssl
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -277,7 +277,7 @@ def _skip(stats: ConsumerStats, reason: str, error: str) -> None:
     log.warning("skipping a message that is not a CloudEvent", error=error, skipped=stats.skipped)
 
 
-async def consume(
+def consume(
     settings: Settings,
     *,
     resource: str | None = None,
@@ -289,7 +289,7 @@ async def consume(
     commit_interval: float = 1.0,
     group_options: Mapping[str, Any] | None = None,
     stats: ConsumerStats | None = None,
-) -> AsyncGenerator[ReceivedEvent, None]:
+) -> AsyncGenerator[ReceivedEvent, object]:
     """Yield the events of the configured bus once each.
 
     Heartbeats (``io.k8s.bridge.heartbeat``, on NATS in the same subject space)
@@ -299,11 +299,13 @@ async def consume(
     an event is *handled* when the caller asks for the next one: only then is
     its position recorded and, after the positions are flushed, its offset
     committed (its ack sent). Closing the generator while holding an event
-    leaves it unhandled: it is delivered again. ``from_start`` applies to a
-    group's first start only; later starts resume where the group left.
-    ``positions`` defaults to the group's own store on its bus (Kafka topic
-    ``{group}.positions``, NATS KV bucket ``{group}-positions``); pass a
-    ``SqlitePositions`` to write the handler's effects in the same transaction.
+    leaves it unhandled: it is delivered again; ``await events.asend(LAST)``
+    instead says "handled, and that was the last": it is recorded and the
+    generator ends. ``from_start`` applies to a group's first start only;
+    later starts resume where the group left. ``positions`` defaults to the
+    group's own store on its bus (Kafka topic ``{group}.positions``, NATS KV
+    bucket ``{group}-positions``); pass a ``SqlitePositions`` to write the
+    handler's effects in the same transaction.
     ``group_options``: on Kafka, options of aiokafka's consumer
     (``session_timeout_ms``, ...); on NATS, ``max_ack_pending``, ``ack_wait``,
     ``lease_seconds``, ``batch`` (bridge/consuming/nats_durable.py).
@@ -311,15 +313,37 @@ async def consume(
     if stats is None:
         stats = ConsumerStats()
     if group is not None:
-        source = _group_source(
-            settings, group, positions, from_start, commit_interval, group_options or {}
+        return _consume_group(
+            lambda: _group_source(
+                settings, group, positions, from_start, commit_interval, group_options or {}
+            ),
+            resource=resource,
+            heartbeats=heartbeats,
+            stats=stats,
         )
-        async with contextlib.aclosing(
-            _consume_group(source, resource=resource, heartbeats=heartbeats, stats=stats)
-        ) as events:
-            async for event in events:
-                yield event
-        return
+    return _consume_plain(
+        settings,
+        resource=resource,
+        from_start=from_start,
+        dedupe=dedupe,
+        heartbeats=heartbeats,
+        stats=stats,
+    )
+
+
+# Sent into a group's consume() generator (``asend``): the event held is handled, stop.
+LAST = object()
+
+
+async def _consume_plain(
+    settings: Settings,
+    *,
+    resource: str | None,
+    from_start: bool,
+    dedupe: Deduplicator | None,
+    heartbeats: bool,
+    stats: ConsumerStats,
+) -> AsyncGenerator[ReceivedEvent, object]:
     kind = settings.sink.kind
     raw_source: AsyncGenerator[bytes, None]
     if kind == "nats":
@@ -351,14 +375,20 @@ async def consume(
 
 
 async def _consume_group(
-    source: GroupSource, *, resource: str | None, heartbeats: bool, stats: ConsumerStats
-) -> AsyncGenerator[ReceivedEvent, None]:
+    make_source: Callable[[], GroupSource],
+    *,
+    resource: str | None,
+    heartbeats: bool,
+    stats: ConsumerStats,
+) -> AsyncGenerator[ReceivedEvent, object]:
     from bridge.consuming.positions import advanced, event_uid, is_new
 
-    await source.start()
-    positions = source.positions
-    holding = False
+    source = make_source()
+    holding = started = False
     try:
+        await source.start()
+        started = True
+        positions = source.positions
         async for message in source.messages():
             if message.raw is None:
                 _skip(stats, "null", "a record without a value")
@@ -372,11 +402,14 @@ async def _consume_group(
                 continue
             if event.type == HEARTBEAT_TYPE:
                 stats.heartbeats += 1
+                sent: object = None
                 if heartbeats:
                     holding = True
-                    yield event
+                    sent = yield event
                     holding = False
                 await source.done(message)
+                if sent is LAST:
+                    return
                 continue
             if not _matches(event, resource):
                 stats.other_resources += 1
@@ -389,17 +422,20 @@ async def _consume_group(
                 await source.done(message)
                 continue
             holding = True
-            yield event
+            sent = yield event
             holding = False
             # The handler returned: handled. Recorded before the message is done, so
             # no acknowledgement ever gets ahead of a position.
             positions.record(uid, advanced(position, event), message.partition)
             stats.delivered += 1
             await source.done(message)
+            if sent is LAST:
+                return
     finally:
         if holding:
-            positions.unhandled()
+            source.positions.unhandled()
         try:
             await source.close()
         finally:
-            await positions.close()
+            if started:
+                await source.positions.close()

@@ -101,6 +101,7 @@ class KafkaGroupSource(ConsumerRebalanceListener):
             await consumer.start()
         except KafkaError as e:
             await consumer.stop()
+            await self._positions.close()
             raise SinkUnavailableError(f"cannot reach Kafka at {self.where}: {e!r}") from e
         if pattern:
             consumer.subscribe(pattern=pattern, listener=self)

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from bridge.consuming.positions import Position
 from bridge.errors import SinkUnavailableError
@@ -49,19 +49,14 @@ class KafkaTopicPositions:
         admin = AIOKafkaAdminClient(**{k: v for k, v in self.options.items() if k != "client_id"})
         try:
             await admin.start()
-            try:
-                await admin.create_topics(
-                    [
-                        NewTopic(
-                            self.topic,
-                            num_partitions=1,
-                            replication_factor=-1,  # the broker's default
-                            topic_configs={"cleanup.policy": "compact"},
-                        )
-                    ]
-                )
-            except TopicAlreadyExistsError:
-                pass
+            brokers = (await admin.describe_cluster()).get("brokers") or []
+            replicas = max(1, min(3, len(brokers)))
+            response = await admin.create_topics(
+                [NewTopic(self.topic, 1, replicas, topic_configs={"cleanup.policy": "compact"})]
+            )
+            for error in response.topic_errors:
+                if error[1] and error[1] != TopicAlreadyExistsError.errno:
+                    raise for_code(error[1])(error[2] if len(error) > 2 else "")
         except KafkaError as e:
             raise SinkUnavailableError(f"positions topic {self.topic!r}: {e!r}") from e
         finally:
@@ -83,7 +78,14 @@ class KafkaTopicPositions:
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
+            for attempt in range(50):  # a topic just created: its leader takes a moment
+                try:
+                    end = (await consumer.end_offsets([tp]))[tp]
+                    break
+                except KafkaError:
+                    if attempt == 49:
+                        raise
+                    await asyncio.sleep(0.1)
             positions: dict[str, Position] = {}
             while await consumer.position(tp) < end:
                 for records in (await consumer.getmany(tp, timeout_ms=500)).values():
