@@ -1,3 +1,12 @@
 """k8s-bridge: Kubernetes object changes, once and in order, onto Kafka or NATS JetStream."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``bridge.Mirror`` without importing the service for ``import bridge``.
+    if name == "Mirror":
+        from bridge.mirror import Mirror
+
+        return Mirror
+    raise AttributeError(name)

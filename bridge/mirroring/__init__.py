@@ -1,0 +1,1 @@
+"""The readers that feed a ``bridge.mirror.Mirror`` from Kafka or JetStream."""
