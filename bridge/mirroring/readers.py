@@ -9,6 +9,7 @@ restarted informer lists again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -70,14 +71,28 @@ def state_table_event(record: Any) -> ReceivedEvent | None:
     )
 
 
-async def _partitions(consumer: AIOKafkaConsumer, wanted: re.Pattern[str]) -> list[TopicPartition]:
-    from aiokafka import TopicPartition
+async def _subscribed(
+    options: dict[str, Any], pattern: str, wait: float
+) -> tuple[AIOKafkaConsumer, list[TopicPartition]]:
+    """A consumer without a group on every partition of the topics ``pattern`` matches
+    (the partitions of topics made later are added as they appear, from their start)."""
+    from aiokafka import AIOKafkaConsumer
 
-    out = []
-    for topic in sorted(await consumer.topics()):
-        if wanted.fullmatch(topic):
-            out += [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-    return out
+    consumer = AIOKafkaConsumer(
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        metadata_max_age_ms=2000,  # new topics of a templated name are found within seconds
+        **options,
+    )
+    await consumer.start()
+    consumer.subscribe(pattern=pattern)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while not consumer.assignment() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return consumer, sorted(consumer.assignment())
 
 
 async def _read_to(
@@ -110,53 +125,39 @@ async def _read_to(
 
 
 async def kafka_reader(mirror: Mirror, state_table_topic: str | None) -> None:
-    from aiokafka import AIOKafkaConsumer
-
     from bridge.sinks.kafka import connection_options
 
     k = mirror.settings.sink.kafka
-    consumer = AIOKafkaConsumer(
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        **connection_options(k, "k8s-bridge-mirror"),
-    )
-    await consumer.start()
-    try:
-        if "{" in k.topic:  # one topic per resource (their heartbeat topics start alike)
-            wanted = re.compile(re.escape(k.topic.split("{", 1)[0]) + ".*")
-        else:
-            heartbeats = k.heartbeat_topic or f"{k.topic}.heartbeats"
-            wanted = re.compile(f"{re.escape(k.topic)}|{re.escape(heartbeats)}")
-        starts: dict[TopicPartition, int] | None = None
-        if state_table_topic is not None:
-            table = await _partitions(consumer, re.compile(re.escape(state_table_topic)))
-            if table:
-                consumer.assign(table)
-                await consumer.seek_to_beginning(*table)
-                await _read_to(mirror, consumer, table, await consumer.end_offsets(table), True)
+    options = connection_options(k, "k8s-bridge-mirror")
+    if "{" in k.topic:  # one topic per resource (their heartbeat topics start alike)
+        pattern = "^" + re.escape(k.topic.split("{", 1)[0]) + ".*"
+    else:
+        heartbeats = k.heartbeat_topic or f"{k.topic}.heartbeats"
+        pattern = f"^({re.escape(k.topic)}|{re.escape(heartbeats)})$"
+    starts: dict[TopicPartition, int] = {}
+    since: int | None = None
+    if state_table_topic is not None:
+        table, parts = await _subscribed(options, f"^{re.escape(state_table_topic)}$", 5.0)
+        try:
+            if parts:
+                await _read_to(mirror, table, parts, await table.end_offsets(parts), True)
+                newest = max([r.timestamp for r in await _last_records(table, parts)] or [0])
                 # The change topic from a little before the table's newest record: the
                 # overlap is applied idempotently, a gap would lose changes.
-                newest = max([r.timestamp for r in (await _last_records(consumer, table))] or [0])
-                since = newest - int(mirror.state_table_margin * 1000)
-                starts = {}
-                changes = await _partitions(consumer, wanted)
-                found = await consumer.offsets_for_times(dict.fromkeys(changes, max(0, since)))
-                ends = await consumer.end_offsets(changes)
-                for tp in changes:
-                    hit = found.get(tp)
-                    starts[tp] = hit.offset if hit is not None else ends[tp]
-        parts = await _partitions(consumer, wanted)
-        while not parts:  # nothing published yet: an empty world is synced
-            mirror.mark_synced()
-            await asyncio.sleep(1.0)
-            parts = await _partitions(consumer, wanted)
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        for tp, offset in (starts or {}).items():
-            if tp in parts:
-                consumer.seek(tp, offset)
-        await _read_to(mirror, consumer, parts, await consumer.end_offsets(parts))
+                since = max(0, newest - int(mirror.state_table_margin * 1000))
+        finally:
+            await table.stop()
+    consumer, parts = await _subscribed(options, pattern, 5.0)
+    try:
+        if since is not None and parts:
+            found = await consumer.offsets_for_times(dict.fromkeys(parts, since))
+            ends = await consumer.end_offsets(parts)
+            for tp in parts:
+                hit = found.get(tp)
+                starts[tp] = hit.offset if hit is not None else ends[tp]
+                consumer.seek(tp, starts[tp])
+        if parts:
+            await _read_to(mirror, consumer, parts, await consumer.end_offsets(parts))
         mirror.mark_synced()
         while True:
             batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
@@ -225,11 +226,16 @@ async def nats_reader(mirror: Mirror) -> None:
             ordered_consumer=True,
             deliver_policy=policy,
         )
-        async for msg in sub.messages:
-            mirror.apply_raw(msg.data)
-            if mirror.handlers_pending:
-                await mirror.drain_handlers()
-            if not mirror.has_synced and msg.metadata.num_pending == 0:
-                mirror.mark_synced()
+        try:
+            async for msg in sub.messages:
+                mirror.apply_raw(msg.data)
+                if mirror.handlers_pending:
+                    await mirror.drain_handlers()
+                if not mirror.has_synced and msg.metadata.num_pending == 0:
+                    mirror.mark_synced()
+        finally:
+            # The ordered consumer's activity check is a task of its own: stopped here.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
     finally:
         await close_quietly(nc)
