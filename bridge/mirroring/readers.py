@@ -50,13 +50,29 @@ def reader_for(mirror: Mirror) -> Coroutine[Any, Any, None]:
 
 def state_table_event(record: Any) -> ReceivedEvent | None:
     """A state-table record (key ``apiVersion/kind/namespace/name``, value the object,
-    headers ``ce_*``) as the event it re-states; None for a tombstone."""
+    headers ``ce_*`` of the event it stands for) as that event. A tombstone (null
+    value: the object was deleted or left the filter) is its ``deleted`` /
+    ``filtered`` event, named by its headers; without them it is not ours: None."""
+    headers = {k: v.decode() for k, v in (record.headers or ())}
     if record.value is None:
-        return None
+        if "ce_type" not in headers or "ce_id" not in headers or record.key is None:
+            return None
+        *_, namespace, name = record.key.decode().split("/")
+        parts = headers["ce_id"].split(":")
+        return ReceivedEvent(
+            id=headers["ce_id"],
+            type=headers["ce_type"],
+            source=headers.get("ce_source", ""),
+            subject=headers.get("ce_subject", ""),
+            time="",
+            resource_version=parts[2] if len(parts) > 2 else "",
+            initial=False,
+            data={"object": {"metadata": {"name": name, "namespace": namespace}}},
+            raw=b"",
+        )
     obj = orjson.loads(record.value)
     if not isinstance(obj, dict):
         raise ValueError("a state-table value that is not an object")
-    headers = {k: v.decode() for k, v in (record.headers or ())}
     md = obj.get("metadata") or {}
     return ReceivedEvent(
         id=headers.get("ce_id", f"{md.get('uid', '')}:{md.get('resourceVersion', '')}"),
@@ -117,7 +133,9 @@ async def _read_to(
                     mirror.stats.skipped += 1
                     log.warning("mirror: skipping a state-table record", error=repr(e))
                     continue
-                if event is not None:
+                if event is None:
+                    mirror.stats.skipped += 1
+                else:
                     mirror.apply(event)
         if mirror.handlers_pending:
             await mirror.drain_handlers()

@@ -94,8 +94,16 @@ def difference(want: dict[str, Any], got: dict[str, Any]) -> str:
 
 
 async def equal_after_restarts(
-    cluster: KubeCluster, ns: str, bridges: list[BridgeProcess], settings: Any, s: int, **kw: Any
+    cluster: KubeCluster,
+    ns: str,
+    bridges: list[BridgeProcess],
+    settings: Any,
+    s: int,
+    lagging: BridgeProcess | None = None,
+    **kw: Any,
 ) -> None:
+    """``lagging``: one of ``bridges`` stopped before the last churn and left down, so
+    what it publishes (a state table) is behind the change stream."""
     rng = random.Random(s)
     churn = Churn(cluster, ns, rng)
     for _ in range(20):
@@ -114,6 +122,9 @@ async def equal_after_restarts(
         await churn.run(rng.randrange(10, 30))  # while the bridges are down
         for b in bridges:
             await b.start()
+        if lagging is not None:
+            await lagging.wait_ready(60)
+            assert await lagging.stop() == 0, lagging.tail_log()
         await churn.run(rng.randrange(30, 60))
         await until(
             lambda: mirrored(first, ns) == listed(cluster, ns),
@@ -165,8 +176,9 @@ async def test_a_mirror_of_a_kafka_change_topic_equals_the_api_server(
 async def test_a_mirror_from_a_state_table_equals_the_api_server(
     tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, real_kafka: KafkaBroker
 ) -> None:
-    """Bootstrapped from a compacted ``stateTable`` topic (another bridge publishes it),
-    then following the change topic from a little before the table's newest record."""
+    """Bootstrapped from a compacted ``stateTable`` topic (another bridge publishes it,
+    and is down for the last churn: the table is behind), then following the change
+    topic from a little before the table's newest record."""
     topic = "mirror-" + uuid.uuid4().hex[:8]
     (tmp_path / "changes").mkdir()
     (tmp_path / "table").mkdir()
@@ -176,10 +188,10 @@ async def test_a_mirror_from_a_state_table_equals_the_api_server(
     )
     table = PodBridge(tmp_path / "table", kube_cluster, kube_namespace,
                       kafka | {"topic": topic + ".state", "stateTable": True})  # fmt: skip
+    behind = BridgeProcess(table.config)
     await equal_after_restarts(
-        kube_cluster, kube_namespace,
-        [BridgeProcess(changes.config), BridgeProcess(table.config)],
-        load_settings(str(changes.config)), seed(),
+        kube_cluster, kube_namespace, [BridgeProcess(changes.config), behind],
+        load_settings(str(changes.config)), seed(), lagging=behind,
         bootstrap="state-table", state_table_topic=topic + ".state",
     )  # fmt: skip
 
