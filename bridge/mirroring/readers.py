@@ -205,14 +205,19 @@ async def _last_records(consumer: AIOKafkaConsumer, parts: list[TopicPartition])
 
 
 async def nats_reader(mirror: Mirror) -> None:
+    """An ephemeral pull consumer without acks, fetched in batches (twice the rate of
+    nats-py's ordered push consumer here); re-made from the next stream sequence when
+    the server forgets it (a restart, ``inactive_threshold``), as an ordered consumer
+    would be."""
     import nats
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     from bridge.consumer import nats_tls
     from bridge.delivery.events import nats_token
     from bridge.sinks.nats import close_quietly, connect
 
     n = mirror.settings.sink.nats
+    subject = f"k8s.{nats_token(mirror.settings.cluster.name)}.>"
     nc = await connect(
         n.servers,
         credentials=n.credentials,
@@ -220,6 +225,7 @@ async def nats_reader(mirror: Mirror) -> None:
         tls=nats_tls(mirror.settings),
         name="k8s-bridge-mirror",
     )
+    sub: Any = None
     try:
         js = nc.jetstream()
         while True:
@@ -231,29 +237,46 @@ async def nats_reader(mirror: Mirror) -> None:
                 await asyncio.sleep(1.0)
         if info.state.messages == 0:
             mirror.mark_synced()
+        # LAST_PER_SUBJECT gives the newest message of every subject (each object's
+        # latest event, each resource's latest heartbeat), then every new one.
         policy = (
             DeliverPolicy.LAST_PER_SUBJECT
             if mirror.bootstrap == "last-per-subject"
             else DeliverPolicy.ALL
         )
-        # LAST_PER_SUBJECT gives the newest message of every subject (each object's
-        # latest event, each resource's latest heartbeat), then every new one.
-        sub = await js.subscribe(
-            f"k8s.{nats_token(mirror.settings.cluster.name)}.>",
-            stream=n.stream,
-            ordered_consumer=True,
-            deliver_policy=policy,
-        )
-        try:
-            async for msg in sub.messages:
+        next_seq: int | None = None
+
+        async def subscribe() -> Any:
+            config = ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=60.0,
+                filter_subject=subject,
+                deliver_policy=policy if next_seq is None else DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=next_seq,
+            )
+            return await js.pull_subscribe(subject, durable=None, stream=n.stream, config=config)
+
+        sub = await subscribe()
+        while True:
+            try:
+                msgs = await sub.fetch(1000, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError):
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                await asyncio.sleep(0.5)
+                sub = await subscribe()
+                continue
+            for msg in msgs:
                 mirror.apply_raw(msg.data)
-                if mirror.handlers_pending:
-                    await mirror.drain_handlers()
+                next_seq = msg.metadata.sequence.stream + 1
                 if not mirror.has_synced and msg.metadata.num_pending == 0:
                     mirror.mark_synced()
-        finally:
-            # The ordered consumer's activity check is a task of its own: stopped here.
+            if mirror.handlers_pending:
+                await mirror.drain_handlers()
+    finally:
+        if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-    finally:
         await close_quietly(nc)
