@@ -1,102 +1,59 @@
-"""Mirror ingest against the bridge's publish rate and a raw consumer, in one run; mirror memory.
+"""Mirror ingest against the bridge's own publish rate and a raw consumer, in one run;
+mirror memory per object.
 
-    python -m bench mirror [--events N] [--objects M] [--memory-objects K] [--rounds R]
+    python -m bench mirror [--objects M] [--memory-objects K] [--rounds R]
                            [--buses nats,kafka] [--no-write]
 
-Per bus (nats-server with JetStream on disk, started here; Apache Kafka 4.x
-from ``make realdeps``, started here): N Pod MODIFIED events (~2.3 KB of
-CloudEvent each) over M objects are
+Per bus (nats-server with JetStream on disk; Apache Kafka 4.x from ``make
+realdeps``; both started here), each round:
 
-1. published by the bridge's own sink (``NatsSink`` / ``KafkaSink``, batches of
-   500 as the pipeline hands over, every event acknowledged by the bus): the
-   most the bridge can publish on this machine (the whole bridge, deciding
-   and checkpointing as well, publishes less: ``bench e2e``);
-2. read back by a raw consumer (the bus client only: an ordered JetStream
-   consumer / aiokafka ``getmany``, bytes counted, nothing parsed): the ceiling;
-3. read by a ``Mirror`` from its start until ``synced()``: events parsed into
-   ``ReceivedEvent``s and applied (the object kept whole).
+1. the bridge publishes: bench/e2e.py's ``run_e2e`` (the API emulator over
+   HTTP with M Pods, a ``ResourcePipeline`` with its SQLite checkpoint and
+   the real sink) from its first list to the last ack, then a burst of one
+   update per Pod to the last ack: the bridge's own publish rate, events/s;
+2. a raw consumer reads the 2M events back (the bus client only, the
+   mirror's way: an ephemeral JetStream pull consumer / aiokafka
+   ``getmany``, nothing parsed): the ceiling;
+3. a ``Mirror`` reads them from its start until ``synced()``: every event
+   parsed into a ``ReceivedEvent`` and applied (objects kept whole).
 
-Memory: K Pods of ~2.3 KB applied to a ``Mirror`` in process (no bus), the
-heap measured by tracemalloc after a collection, per mirrored object, with
-whole objects and in slim mode (``keep=["spec.nodeName", "status.phase"]``).
+Memory: K Pods applied to a ``Mirror`` in process (no bus), the heap measured
+by tracemalloc after a collection, per mirrored object, with whole objects
+and in slim mode (``keep=["spec.nodeName", "status.phase"]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import shutil
 import tempfile
 import time
 import tracemalloc
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
+import orjson
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench._support import cpu_model, free_port, process, update_benchmarks_md
+from bench._support import cpu_model, free_port, process, tune_as_run, update_benchmarks_md
+from bench.decode import make_pod
+from bench.e2e import load_pods, run_e2e
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
+from bridge.delivery.pipeline import PipelineSettings
+from bridge.emulator import Emulator
 from bridge.mirror import Mirror
 from bridge.service.settings import Settings, load_settings
+from bridge.service.tuning import Tuning
+from bridge.sinks.base import Sink
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
-
-BATCH = 500
-
-
-def pod(i: int, objects: int, rv: int) -> dict[str, Any]:
-    n = i % objects
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"pod-{n}",
-            "namespace": f"ns-{n % 20}",
-            "uid": f"00000000-0000-0000-0000-{n:012d}",
-            "resourceVersion": str(rv),
-            "labels": {"app": f"app-{n % 50}", "tier": "web", "pod-template-hash": "5d8f7c9b4"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": f"app-{n % 50}-5d8f7c9b4",
-                    "uid": f"rs-{n % 50}",
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {
-            "nodeName": f"node-{n % 100}",
-            "containers": [
-                {
-                    "name": "web",
-                    "image": "registry.local/app:1.2.3",
-                    "env": [{"name": f"E{k}", "value": "v" * 40} for k in range(12)],
-                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                    "ports": [{"containerPort": 8080, "protocol": "TCP"}],
-                }
-            ],
-            "serviceAccountName": "default",
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": f"10.{n % 250}.{n % 200}.{n % 100}",
-            "conditions": [{"type": t, "status": "True"} for t in ("Ready", "Initialized")],
-        },
-    }
-
-
-def make_events(n: int, objects: int) -> list[Event]:
-    detector = ChangeDetector(Fingerprinter([]))
-    builder = EventBuilder(cluster="bench", group="", version="v1", kind="Pod", plural="pods")
-    out: list[Event] = []
-    for i in range(n):
-        out += [builder.build(c) for c in detector.on_update(None, pod(i, objects, 1000 + i))]
-    return out
 
 
 def settings_for(sink: dict[str, Any]) -> Settings:
@@ -118,24 +75,35 @@ async def mirror_rate(settings: Settings, n: int) -> float:
     return n / elapsed
 
 
-async def bench_nats(url: str, events: list[Event], rounds: int) -> dict[str, float]:
-    best: dict[str, float] = {"publish": 0.0, "raw": 0.0, "mirror": 0.0}
-    n = len(events)
-    for _ in range(rounds):
+async def bridge_rate(sink: Sink, ctx: E2e, round_: int, tuning: Tuning) -> tuple[float, float]:
+    """The bridge's own publish rate: a ``ResourcePipeline`` (emulator over HTTP, SQLite
+    checkpoint, this sink) from its first list to the last ack, then a burst of one
+    update per Pod to the last ack (bench/e2e.py's run): events/s of each."""
+    n = len(ctx.pods)
+    listed, burst, _ = await run_e2e(
+        ctx.emu, ctx.kubeconfig, ctx.pods, sink, round_, PipelineSettings(), 300.0, tuning
+    )
+    assert burst is not None
+    return n / listed.acked, n / burst.acked
+
+
+@dataclass
+class E2e:
+    emu: Emulator
+    kubeconfig: Path
+    pods: list[dict[str, Any]]
+
+
+async def bench_nats(url: str, ctx: E2e, rounds: int, tuning: Tuning) -> dict[str, float]:
+    best = dict.fromkeys(("list", "burst", "raw", "mirror"), 0.0)
+    n = 2 * len(ctx.pods)  # the first list's adds and the burst's updates
+    for r in range(rounds):
         nc = await nats.connect(url)
-        js = nc.jetstream()
-        try:
-            await js.delete_stream("K8S")
-        except nats.js.errors.NotFoundError:
-            pass
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().delete_stream("K8S")
         await nc.close()
-        sink = NatsSink([url], stream="K8S", subjects=["k8s.>"])
-        await sink.start()
-        start = time.perf_counter()
-        for i in range(0, n, BATCH):
-            await sink.publish(events[i : i + BATCH])
-        best["publish"] = max(best["publish"], n / (time.perf_counter() - start))
-        await sink.close()
+        listed, burst = await bridge_rate(NatsSink([url]), ctx, r + 1, tuning)
+        best["list"], best["burst"] = max(best["list"], listed), max(best["burst"], burst)
 
         nc = await nats.connect(url)
         start = time.perf_counter()
@@ -155,20 +123,15 @@ async def bench_nats(url: str, events: list[Event], rounds: int) -> dict[str, fl
     return best
 
 
-async def bench_kafka(bootstrap: str, events: list[Event], rounds: int) -> dict[str, float]:
+async def bench_kafka(bootstrap: str, ctx: E2e, rounds: int, tuning: Tuning) -> dict[str, float]:
     from aiokafka import AIOKafkaConsumer
 
-    best: dict[str, float] = {"publish": 0.0, "raw": 0.0, "mirror": 0.0}
-    n = len(events)
-    for _ in range(rounds):
+    best = dict.fromkeys(("list", "burst", "raw", "mirror"), 0.0)
+    n = 2 * len(ctx.pods)
+    for r in range(rounds):
         topic = "bench-mirror-" + uuid.uuid4().hex[:8]
-        sink = KafkaSink([bootstrap], topic=topic)
-        await sink.start()
-        start = time.perf_counter()
-        for i in range(0, n, BATCH):
-            await sink.publish(events[i : i + BATCH])
-        best["publish"] = max(best["publish"], n / (time.perf_counter() - start))
-        await sink.close()
+        listed, burst = await bridge_rate(KafkaSink([bootstrap], topic=topic), ctx, r + 1, tuning)
+        best["list"], best["burst"] = max(best["list"], listed), max(best["burst"], burst)
 
         consumer = AIOKafkaConsumer(
             topic,
@@ -194,69 +157,75 @@ async def bench_kafka(bootstrap: str, events: list[Event], rounds: int) -> dict[
 
 
 def memory_per_object(objects: int, keep: list[str] | None) -> tuple[float, int]:
-    """Bytes of heap per mirrored Pod, and the size of one event's JSON."""
-    events = make_events(1, 1)
-    size = len(events[0].to_json())
+    """Bytes of heap per mirrored Pod (bench/decode.py's ~2.8 KB Pod, as the e2e
+    benchmark's), and the size of one event's JSON."""
     builder = EventBuilder(cluster="bench", group="", version="v1", kind="Pod", plural="pods")
     detector = ChangeDetector(Fingerprinter([]))
+
+    def event(i: int) -> bytes:
+        (change,) = detector.on_add(make_pod(i))
+        return builder.build(change).to_json()
+
+    size = len(event(0))
     mirror = Mirror(settings_for({"kind": "nats"}), keep=keep)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for i in range(objects):
-        (change,) = detector.on_add(pod(i, objects, 1000 + i))
-        mirror.apply_raw(builder.build(change).to_json())
+        mirror.apply_raw(event(i))
     gc.collect()
-    # The detector's own cache is not the mirror's: measured apart and taken off.
     used = tracemalloc.get_traced_memory()[0] - before
     del mirror
     gc.collect()
-    detector_only = tracemalloc.get_traced_memory()[0] - before
+    # What is left is the detector's own cache, not the mirror's: taken off.
+    others = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return (used - detector_only) / objects, size
+    return (used - others) / objects, size
 
 
-async def run(args: argparse.Namespace) -> str:
-    events = make_events(args.events, args.objects)
-    size = sum(len(e.to_json()) for e in events) // len(events)
+async def run(args: argparse.Namespace, tuning: Tuning) -> str:
     rows: list[str] = []
     buses = args.buses.split(",")
-    if "nats" in buses:
-        binary = shutil.which("nats-server")
-        assert binary, "nats-server not on PATH"
-        port = free_port()
-        with (
-            tempfile.TemporaryDirectory() as store,
-            process([binary, "-js", "-p", str(port), "-sd", store], port),
-        ):
-            r = await bench_nats(f"nats://127.0.0.1:{port}", events, args.rounds)
-        rows.append(row("NATS JetStream (nats-server 2.9.10, file storage)", r))
-    if "kafka" in buses:
-        from tests.fixtures.realkafka import KafkaBroker
+    async with Emulator(bookmark_interval=1.0) as emu:
+        pods = load_pods(emu, args.objects)
+        gc.collect()
+        gc.freeze()  # the emulator's objects are not the bridge's or the mirror's heap
+        with tempfile.TemporaryDirectory(prefix="bench-mirror-") as tmp:
+            ctx = E2e(emu, emu.write_kubeconfig(Path(tmp) / "kubeconfig"), pods)
+            size = len(orjson.dumps(emu.list("v1", "Pod")[0]))
+            if "nats" in buses:
+                binary = shutil.which("nats-server")
+                assert binary, "nats-server not on PATH"
+                port = free_port()
+                store = Path(tmp) / "nats"
+                with process([binary, "-js", "-p", str(port), "-sd", str(store)], port):
+                    r = await bench_nats(f"nats://127.0.0.1:{port}", ctx, args.rounds, tuning)
+                rows.append(row("NATS JetStream (nats-server 2.9.10, file storage)", r))
+            if "kafka" in buses:
+                from tests.fixtures.realkafka import KafkaBroker
 
-        workdir = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
-        broker = KafkaBroker(workdir)
-        broker.start()
-        try:
-            r = await bench_kafka(broker.bootstrap, events, args.rounds)
-        finally:
-            broker.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
-        rows.append(row("Apache Kafka 4.4.0 (one node, KRaft)", r))
+                broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-", dir=tmp)))
+                broker.start()
+                try:
+                    r = await bench_kafka(broker.bootstrap, ctx, args.rounds, tuning)
+                finally:
+                    broker.stop()
+                rows.append(row("Apache Kafka 4.4.0 (one node, KRaft)", r))
     whole, one = memory_per_object(args.memory_objects, None)
     slim, _ = memory_per_object(args.memory_objects, ["spec.nodeName", "status.phase"])
-    return f"""`python -m bench mirror --events {args.events} --objects {args.objects} \
---memory-objects {args.memory_objects} --rounds {args.rounds}` — {args.events:,} Pod MODIFIED
-events (~{size:,} bytes of CloudEvent JSON each, {args.objects:,} objects) on a local bus
-started by the benchmark. *publish*: the bridge's own sink (batches of {BATCH}, every event
-acknowledged): the most the bridge publishes on this machine. *raw*: the bus client
-alone reading them back the mirror's way (NATS: an ephemeral pull consumer, no
-acks; Kafka: `getmany`), nothing parsed. *mirror*: `Mirror(bootstrap="stream")` from
-its start to `synced()`, every event parsed and applied. events/s, best of
-{args.rounds} round(s), all in the same run.
+    return f"""`python -m bench mirror --objects {args.objects} --memory-objects \
+{args.memory_objects} --rounds {args.rounds}` — in each round the bridge's own pipeline
+(bench/e2e.py's: the API emulator over HTTP, the SQLite checkpoint, the real sink) publishes
+{args.objects:,} Pods (~{size:,} bytes each) by its first list, then a burst of one update per
+Pod, to a local bus started by the benchmark; *bridge*: its events/s to the last ack of each.
+Then the {2 * args.objects:,} events on the bus are read by *raw*, the bus client alone the
+mirror's way (NATS: an ephemeral pull consumer, no acks; Kafka: `getmany`), nothing parsed,
+and by *mirror*, `Mirror(bootstrap="stream")` from its start to `synced()`, every event
+parsed and applied. events/s, best of {args.rounds} round(s), all in the same run, the
+process tuned as `k8s-bridge run` tunes itself: `{tuning}`.
 
-| bus | publish (bridge sink) | raw consumer | mirror ingest | mirror / raw | mirror / publish |
-| --- | ---: | ---: | ---: | ---: | ---: |
+| bus | bridge, first list | bridge, burst | raw consumer | mirror ingest | mirror / raw | mirror / bridge (the faster phase) |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: |
 {chr(10).join(rows)}
 
 Mirror memory, {args.memory_objects:,} Pods applied in process (each ~{one:,} bytes of
@@ -272,22 +241,25 @@ Machine: {cpu_model()}, 2 cores shared with other work while measuring.
 
 
 def row(bus: str, r: dict[str, float]) -> str:
+    bridge = max(r["list"], r["burst"])
     return (
-        f"| {bus} | {r['publish']:,.0f} | {r['raw']:,.0f} | {r['mirror']:,.0f} | "
-        f"{r['mirror'] / r['raw']:.2f} | {r['mirror'] / r['publish']:.2f} |"
+        f"| {bus} | {r['list']:,.0f} | {r['burst']:,.0f} | {r['raw']:,.0f} | "
+        f"{r['mirror']:,.0f} | {r['mirror'] / r['raw']:.2f} | {r['mirror'] / bridge:.2f} |"
     )
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench mirror")
-    parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--memory-objects", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--buses", default="nats,kafka")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    body = asyncio.run(run(args))
+    # As ``k8s-bridge run`` tunes itself (GC young threshold 50,000, ...); a service
+    # holding a large mirror gains the same (BENCH_TUNING_OFF=all measures without).
+    tuning = tune_as_run()
+    body = asyncio.run(run(args, tuning))
     print(body)
     if not args.no_write:
         update_benchmarks_md(Path(__file__).parents[1] / "BENCHMARKS.md", "Mirror", body)

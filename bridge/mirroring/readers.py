@@ -270,8 +270,11 @@ async def nats_reader(mirror: Mirror) -> None:
                 continue
             for msg in msgs:
                 mirror.apply_raw(msg.data)
-                next_seq = msg.metadata.sequence.stream + 1
-                if not mirror.has_synced and msg.metadata.num_pending == 0:
+            if msgs:
+                # Parsed from the reply subject at each access: once per batch, not per message.
+                meta = msgs[-1].metadata
+                next_seq = meta.sequence.stream + 1
+                if not mirror.has_synced and meta.num_pending == 0:
                     mirror.mark_synced()
             if mirror.handlers_pending:
                 await mirror.drain_handlers()

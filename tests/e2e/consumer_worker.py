@@ -2,15 +2,18 @@
 
 ``python -m tests.e2e.consumer_worker CONFIG GROUP DB NAME [--kafka-session-ms N]``
 records every event it is handed in the table ``handled`` of the SQLite file
-``DB``, through the connection of the group's ``SqlitePositions`` in the same
-file: the record and the position commit together (the handler's effect is
-exactly once), so a row twice is a redelivery the consumer did not recognise.
+``DB``. With ``--store sqlite`` (the default) through the connection of the
+group's ``SqlitePositions`` in the same file: the record and the position
+commit together (the handler's effect is exactly once), so a row twice is a
+redelivery the consumer did not recognise. With ``--store bus`` the positions
+are the group's own on its bus and the record is written on its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sqlite3
 from typing import Any
 
 from bridge.consumer import consume
@@ -25,9 +28,17 @@ HANDLED = (
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
-    positions = SqlitePositions(args.db, group=args.group)
-    await positions.open()
-    positions.connection.execute(HANDLED)
+    positions: SqlitePositions | None = None
+    if args.store == "sqlite":
+        positions = SqlitePositions(args.db, group=args.group)
+        await positions.open()
+        record = positions.connection
+    else:
+        # The group's own store on its bus; the record is the handler's own, in
+        # autocommit: what the at-least-once window delivers again shows as a row twice.
+        record = sqlite3.connect(args.db, timeout=30, isolation_level=None)
+        record.execute("pragma journal_mode=wal")
+    record.execute(HANDLED)
     options: dict[str, Any] = {}
     if settings.sink.kind == "kafka":
         options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
@@ -43,7 +54,7 @@ async def main(args: argparse.Namespace) -> None:
     ):
         # A handler takes time (I/O): most kills land inside one, as they would.
         await asyncio.sleep(args.handler_seconds)
-        positions.connection.execute(
+        record.execute(
             "insert into handled (worker, uid, rv, id, change) values (?, ?, ?, ?, ?)",
             (args.name, event.id.split(":", 1)[0], event.resource_version, event.id, event.change),
         )
@@ -58,4 +69,5 @@ if __name__ == "__main__":
     parser.add_argument("--commit-interval", type=float, default=0.5)
     parser.add_argument("--lease-seconds", type=float, default=3.0)
     parser.add_argument("--handler-seconds", type=float, default=0.01)
+    parser.add_argument("--store", choices=["sqlite", "bus"], default="sqlite")
     asyncio.run(main(parser.parse_args()))
