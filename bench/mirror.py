@@ -156,7 +156,9 @@ async def bench_kafka(bootstrap: str, ctx: E2e, rounds: int, tuning: Tuning) -> 
     return best
 
 
-def memory_per_object(objects: int, keep: list[str] | None) -> tuple[float, int]:
+def memory_per_object(
+    objects: int, keep: list[str] | None, as_json: bool = False
+) -> tuple[float, int]:
     """Bytes of heap per mirrored Pod (bench/decode.py's ~2.8 KB Pod, as the e2e
     benchmark's), and the size of one event's JSON."""
     builder = EventBuilder(cluster="bench", group="", version="v1", kind="Pod", plural="pods")
@@ -167,7 +169,7 @@ def memory_per_object(objects: int, keep: list[str] | None) -> tuple[float, int]
         return builder.build(change).to_json()
 
     size = len(event(0))
-    mirror = Mirror(settings_for({"kind": "nats"}), keep=keep)
+    mirror = Mirror(settings_for({"kind": "nats"}), keep=keep, as_json=as_json)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -213,6 +215,7 @@ async def run(args: argparse.Namespace, tuning: Tuning) -> str:
                 rows.append(row("Apache Kafka 4.4.0 (one node, KRaft)", r))
     whole, one = memory_per_object(args.memory_objects, None)
     slim, _ = memory_per_object(args.memory_objects, ["spec.nodeName", "status.phase"])
+    packed, _ = memory_per_object(args.memory_objects, None, as_json=True)
     return f"""`python -m bench mirror --objects {args.objects} --memory-objects \
 {args.memory_objects} --rounds {args.rounds}` — in each round the bridge's own pipeline
 (bench/e2e.py's: the API emulator over HTTP, the SQLite checkpoint, the real sink) publishes
@@ -234,6 +237,7 @@ event JSON), tracemalloc heap after a collection, per object:
 | mode | bytes per mirrored Pod | {args.memory_objects:,} Pods |
 | --- | ---: | ---: |
 | whole objects (`keep=None`) | {whole:,.0f} | {whole * args.memory_objects / 2**20:,.0f} MiB |
+| whole objects as JSON (`as_json=True`: decoded by each `get`/`list`) | {packed:,.0f} | {packed * args.memory_objects / 2**20:,.0f} MiB |
 | slim (`keep=["spec.nodeName", "status.phase"]`, plus name, namespace, uid, resourceVersion, labels) | {slim:,.0f} | {slim * args.memory_objects / 2**20:,.0f} MiB |
 
 Machine: {cpu_model()}, 2 cores shared with other work while measuring.

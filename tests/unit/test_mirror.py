@@ -169,3 +169,15 @@ def test_a_state_table_tombstone_deletes_what_the_table_held_before() -> None:
     assert m.get("Pod", "ns", "a") is None
     assert seen == [(None, "5"), ("5", None)]
     assert state_table_event(Record(b"v1/Pod/ns/a", None, [])) is None  # not ours
+
+
+def test_as_json_holds_the_same_objects() -> None:
+    a, _ = mirror()
+    b, seen = mirror(as_json=True)
+    for m in (a, b):
+        m.apply_raw(raw("added", "a", "u1", 5, app="web"))
+        m.apply_raw(raw("modified", "a", "u1", 6, app="db"))
+        m.apply_raw(raw("added", "b", "u2", 7, app="web"))
+    assert b.get("Pod", "ns", "a") == a.get("Pod", "ns", "a")
+    assert b.list("Pod", labels={"app": "web"}) == a.list("Pod", labels={"app": "web"})
+    assert seen == [(None, "5"), ("5", "6"), (None, "7")]
