@@ -65,8 +65,8 @@ def settings_for(sink: dict[str, Any]) -> Settings:
     return load_settings(None, raw, env={})
 
 
-async def mirror_rate(settings: Settings, n: int) -> float:
-    mirror = Mirror(settings, bootstrap="stream")
+async def mirror_rate(settings: Settings, n: int, as_json: bool = False) -> float:
+    mirror = Mirror(settings, bootstrap="stream", as_json=as_json)
     start = time.perf_counter()
     async with mirror:
         await mirror.synced(600)
@@ -95,7 +95,7 @@ class E2e:
 
 
 async def bench_nats(url: str, ctx: E2e, rounds: int, tuning: Tuning) -> dict[str, float]:
-    best = dict.fromkeys(("list", "burst", "raw", "mirror"), 0.0)
+    best = dict.fromkeys(("list", "burst", "raw", "mirror", "json"), 0.0)
     n = 2 * len(ctx.pods)  # the first list's adds and the burst's updates
     for r in range(rounds):
         nc = await nats.connect(url)
@@ -120,13 +120,14 @@ async def bench_nats(url: str, ctx: E2e, rounds: int, tuning: Tuning) -> dict[st
         await nc.close()
         settings = settings_for({"kind": "nats", "nats": {"servers": [url]}})
         best["mirror"] = max(best["mirror"], await mirror_rate(settings, n))
+        best["json"] = max(best["json"], await mirror_rate(settings, n, as_json=True))
     return best
 
 
 async def bench_kafka(bootstrap: str, ctx: E2e, rounds: int, tuning: Tuning) -> dict[str, float]:
     from aiokafka import AIOKafkaConsumer
 
-    best = dict.fromkeys(("list", "burst", "raw", "mirror"), 0.0)
+    best = dict.fromkeys(("list", "burst", "raw", "mirror", "json"), 0.0)
     n = 2 * len(ctx.pods)
     for r in range(rounds):
         topic = "bench-mirror-" + uuid.uuid4().hex[:8]
@@ -153,6 +154,7 @@ async def bench_kafka(bootstrap: str, ctx: E2e, rounds: int, tuning: Tuning) -> 
             {"kind": "kafka", "kafka": {"bootstrapServers": [bootstrap], "topic": topic}}
         )
         best["mirror"] = max(best["mirror"], await mirror_rate(settings, n))
+        best["json"] = max(best["json"], await mirror_rate(settings, n, as_json=True))
     return best
 
 
@@ -227,8 +229,8 @@ and by *mirror*, `Mirror(bootstrap="stream")` from its start to `synced()`, ever
 parsed and applied. events/s, best of {args.rounds} round(s), all in the same run, the
 process tuned as `k8s-bridge run` tunes itself: `{tuning}`.
 
-| bus | bridge, first list | bridge, burst | raw consumer | mirror ingest | mirror / raw | mirror / bridge (the faster phase) |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: |
+| bus | bridge, first list | bridge, burst | raw consumer | mirror ingest | mirror / raw | mirror / bridge (the faster phase) | mirror ingest, `as_json=True` | its / bridge |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
 {chr(10).join(rows)}
 
 Mirror memory, {args.memory_objects:,} Pods applied in process (each ~{one:,} bytes of
@@ -248,7 +250,8 @@ def row(bus: str, r: dict[str, float]) -> str:
     bridge = max(r["list"], r["burst"])
     return (
         f"| {bus} | {r['list']:,.0f} | {r['burst']:,.0f} | {r['raw']:,.0f} | "
-        f"{r['mirror']:,.0f} | {r['mirror'] / r['raw']:.2f} | {r['mirror'] / bridge:.2f} |"
+        f"{r['mirror']:,.0f} | {r['mirror'] / r['raw']:.2f} | {r['mirror'] / bridge:.2f} | "
+        f"{r['json']:,.0f} | {r['json'] / bridge:.2f} |"
     )
 
 
