@@ -77,6 +77,7 @@ class KafkaGroupSource(ConsumerRebalanceListener):
         self._idle.set()
         self._revoking = False
         self._generation = 0
+        self._committing = asyncio.Lock()
 
     @property
     def positions(self) -> PositionStore:
@@ -146,6 +147,8 @@ class KafkaGroupSource(ConsumerRebalanceListener):
                 continue
             for tp, records in batch.items():
                 for i, record in enumerate(records):
+                    if self._done and time.monotonic() - self._last_commit >= self.commit_interval:
+                        await self._commit()  # within a batch too: it bounds what comes again
                     if self._generation != generation or self._revoking:
                         # A rebalance since the fetch: drop the rest, read it again from
                         # the committed offsets (or from here, if still ours).
@@ -181,6 +184,11 @@ class KafkaGroupSource(ConsumerRebalanceListener):
         self._idle.set()
 
     async def _commit(self) -> None:
+        # One at a time: the reading loop's and a rebalance's would interleave.
+        async with self._committing:
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
         consumer = self._consumer
         self._last_commit = time.monotonic()
         if consumer is None or not self._done:

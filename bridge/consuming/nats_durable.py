@@ -262,7 +262,7 @@ class NatsDurableSource:
                 await self._commit()
             try:
                 msgs = await self._sub.fetch(self.batch, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises its own and, from fetch, asyncio's
                 if self._done:
                     await self._commit()
                 continue
@@ -271,6 +271,8 @@ class NatsDurableSource:
                     f"NATS: cannot read durable {self.durable!r}: {e!r}"
                 ) from e
             for msg in msgs:
+                if self._done and time.monotonic() - self._last_commit >= self.commit_interval:
+                    await self._commit()  # within a batch too: it bounds what comes again
                 yield Incoming(msg.data, 0, msg)
 
     async def done(self, message: Incoming) -> None:

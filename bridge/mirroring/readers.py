@@ -260,7 +260,7 @@ async def nats_reader(mirror: Mirror) -> None:
         while True:
             try:
                 msgs = await sub.fetch(1000, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises its own and, from fetch, asyncio's
                 continue
             except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError):
                 with contextlib.suppress(Exception):

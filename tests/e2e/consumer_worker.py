@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
+import os
+import signal
 import sqlite3
 from typing import Any
 
@@ -26,11 +29,33 @@ HANDLED = (
 )
 
 
+class DyingPositions(SqlitePositions):
+    """Killed (SIGKILL, by itself) right after its ``die_after``-th flush that wrote
+    something: inside the window where positions are durable and the offsets / acks
+    are not, the one only the positions can recognise."""
+
+    def __init__(self, *args: Any, die_after: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.die_after = die_after
+        self.flushes = 0
+
+    async def flush(self) -> None:
+        wrote = self._in_tx
+        await super().flush()
+        if wrote:
+            self.flushes += 1
+            if self.flushes >= self.die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
     positions: SqlitePositions | None = None
     if args.store == "sqlite":
-        positions = SqlitePositions(args.db, group=args.group)
+        if args.die_after_flush:
+            positions = DyingPositions(args.db, group=args.group, die_after=args.die_after_flush)
+        else:
+            positions = SqlitePositions(args.db, group=args.group)
         await positions.open()
         record = positions.connection
     else:
@@ -61,6 +86,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # a stuck worker's stacks, on demand
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
     parser.add_argument("group")
@@ -70,4 +96,5 @@ if __name__ == "__main__":
     parser.add_argument("--lease-seconds", type=float, default=3.0)
     parser.add_argument("--handler-seconds", type=float, default=0.01)
     parser.add_argument("--store", choices=["sqlite", "bus"], default="sqlite")
+    parser.add_argument("--die-after-flush", type=int, default=0)
     asyncio.run(main(parser.parse_args()))
