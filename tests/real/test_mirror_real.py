@@ -100,6 +100,7 @@ async def equal_after_restarts(
     settings: Any,
     s: int,
     lagging: BridgeProcess | None = None,
+    heartbeats: bool = False,
     **kw: Any,
 ) -> None:
     """``lagging``: one of ``bridges`` stopped before the last churn and left down, so
@@ -150,6 +151,14 @@ async def equal_after_restarts(
             ),
         )
         assert len(second.list("Pod", namespace=ns)) == len(churn.live)
+        if heartbeats:
+            # Heartbeats flow: fresh (changes were recent). The bridges stop: after three
+            # intervals without one the mirror says the bridge is stuck, not quiet.
+            await until(lambda: second.freshness("Pod").state == "fresh", 15)
+            for b in bridges:
+                assert await b.stop() == 0, b.tail_log()
+            await until(lambda: second.freshness("Pod").state == "stuck", 15)
+            assert "no heartbeat" in second.freshness("Pod").reason
     finally:
         await second.stop()
         for b in bridges:
@@ -199,17 +208,19 @@ async def test_a_mirror_from_a_state_table_equals_the_api_server(
 async def test_a_mirror_of_jetstream_equals_the_api_server(
     tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
 ) -> None:
-    """Bootstrapped from the last message of every subject."""
+    """Bootstrapped from the last message of every subject; with heartbeats, its
+    freshness: fresh while the bridge runs, stuck once it stopped."""
     from tests.e2e.bridge_process import write_config
 
     config = write_config(
         tmp_path / "bridge.yaml",
         kubeconfig=kube_cluster.write_kubeconfig(tmp_path / "kubeconfig"),
         sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
-        resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [kube_namespace]}],
+        resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [kube_namespace],
+                    "heartbeatInterval": 1}],
         checkpoint={"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 0.1},
-    )
+    )  # fmt: skip
     await equal_after_restarts(
         kube_cluster, kube_namespace, [BridgeProcess(config)],
-        load_settings(str(config)), seed(), bootstrap="last-per-subject",
+        load_settings(str(config)), seed(), heartbeats=True, bootstrap="last-per-subject",
     )  # fmt: skip
