@@ -2,6 +2,13 @@
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typed for callers; imported lazily at run time (below)
+    from bridge.mirror import Mirror
+
+__all__ = ["Mirror", "__version__"]
+
 
 def __getattr__(name: str) -> object:
     # ``bridge.Mirror`` without importing the service for ``import bridge``.
