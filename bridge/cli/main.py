@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail.add_argument("--from-start", action="store_true", help="start at the first event kept")
     tail.add_argument(
+        "--group",
+        help="read as this consumer group (Kafka) / durable (JetStream): resume where it left",
+    )
+    tail.add_argument(
+        "--positions", help="with --group: keep the group's positions in this SQLite file"
+    )
+    tail.add_argument(
         "--timeout", type=non_negative_float, default=0, help="stop after N idle seconds"
     )
 
@@ -227,6 +234,8 @@ def _cmd_tail(args: argparse.Namespace) -> int:
             idle_timeout=args.timeout or None,
             stop=stop,
             out=sys.stdout,
+            group=args.group,
+            positions=args.positions,
         )
 
     return run_until_signal(main)

@@ -7,7 +7,7 @@ import sys
 
 from bridge.logging import get_logger
 from bridge.mirror.metrics import mirror_registry, readiness
-from bridge.mirror.runner import Mirror
+from bridge.mirror.runner import DatabaseMirror
 from bridge.mirror.settings import MirrorSettings
 from bridge.mirror.sources import make_source
 from bridge.mirror.store import PostgresStore
@@ -16,7 +16,7 @@ from bridge.service.health import HealthServer
 log = get_logger(__name__)
 
 
-def build_mirror(settings: MirrorSettings) -> Mirror:
+def build_mirror(settings: MirrorSettings) -> DatabaseMirror:
     pg = settings.postgres
     store = PostgresStore(
         pg.dsn.get_secret_value() if pg.dsn else None,
@@ -26,7 +26,7 @@ def build_mirror(settings: MirrorSettings) -> Mirror:
         tombstone_retention=settings.tombstone_retention,
         connect_timeout=pg.connect_timeout,
     )
-    return Mirror(
+    return DatabaseMirror(
         make_source(settings.source),
         store,
         max_events=settings.batch.max_events,

@@ -1,6 +1,6 @@
 """The mirror's ``/metrics`` and ``/readyz``: read from its counters at scrape time.
 
-A collector over ``MirrorStats`` rather than counters the loop increments: the
+A collector over ``DatabaseMirrorStats`` rather than counters the loop increments: the
 loop stays free of Prometheus, and a scrape always sees the numbers the exit
 line prints.
 """
@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bridge.mirror.runner import Mirror
+from bridge.mirror.runner import DatabaseMirror
 
 
 class MirrorCollector(Collector):
-    def __init__(self, mirror: Mirror) -> None:
+    def __init__(self, mirror: DatabaseMirror) -> None:
         self.mirror = mirror
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -51,13 +51,13 @@ class MirrorCollector(Collector):
         )
 
 
-def mirror_registry(mirror: Mirror) -> CollectorRegistry:
+def mirror_registry(mirror: DatabaseMirror) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(MirrorCollector(mirror))
     return registry
 
 
-def readiness(mirror: Mirror) -> tuple[bool, list[str]]:
+def readiness(mirror: DatabaseMirror) -> tuple[bool, list[str]]:
     if mirror.paused:
         return False, [f"{mirror.paused} unavailable: paused, retrying"]
     if not mirror.positioned:

@@ -29,7 +29,7 @@ log = get_logger(__name__)
 
 
 @dataclass
-class MirrorStats:
+class DatabaseMirrorStats:
     changes: int = 0  # changes written (each event once)
     batches: int = 0
     skipped: int = 0  # messages that are not ours
@@ -47,7 +47,7 @@ class MirrorStats:
         )
 
 
-class Mirror:
+class DatabaseMirror:
     def __init__(
         self,
         source: Source,
@@ -66,7 +66,7 @@ class Mirror:
         self.prune_every = prune_every
         self.backoff = backoff
         self.on_batch = on_batch
-        self.stats = MirrorStats()
+        self.stats = DatabaseMirrorStats()
         # partition → next position as stored (None: nothing stored yet)
         self._stored: dict[int, int | None] = {}
         # What is unavailable while the mirror waits for it ("PostgreSQL", "the bus").

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from bridge.errors import ConfigError
-from bridge.mirror.runner import Mirror
+from bridge.mirror.runner import DatabaseMirror
 from bridge.mirror.store import PostgresStore
 from tests.doubles.memory_source import MemorySource, event
 from tests.fixtures.postgres import PostgresServer
@@ -26,9 +26,11 @@ def store(dsn: str, **kw: Any) -> PostgresStore:
     return PostgresStore(dsn, "k8s", **(options | kw))
 
 
-async def mirror_all(source: MemorySource, dsn: str, max_events: int = 3, **kw: Any) -> Mirror:
+async def mirror_all(
+    source: MemorySource, dsn: str, max_events: int = 3, **kw: Any
+) -> DatabaseMirror:
     """Run a mirror until it read everything in ``source``."""
-    mirror = Mirror(source, store(dsn, **kw), max_events=max_events, max_wait=0)
+    mirror = DatabaseMirror(source, store(dsn, **kw), max_events=max_events, max_wait=0)
     stop = asyncio.Event()
     task = asyncio.create_task(mirror.run(stop))
     for _ in range(500):
@@ -160,7 +162,9 @@ async def test_connections_killed_at_random_instants_lose_and_double_nothing(
     src = MemorySource()
     for v in values:
         src.append(v)
-    mirror = Mirror(src, store(postgres_dsn), max_events=25, max_wait=0, backoff=(0.01, 0.05))
+    mirror = DatabaseMirror(
+        src, store(postgres_dsn), max_events=25, max_wait=0, backoff=(0.01, 0.05)
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(mirror.run(stop))
     killer = await asyncpg.connect(postgres_server.dsn)
@@ -193,7 +197,7 @@ async def test_a_database_that_goes_away_pauses_and_resumes_without_a_gap(
     dsn = postgres_control.new_database()
     values, final = churn(7, 600)
     src = MemorySource()
-    mirror = Mirror(src, store(dsn), max_events=20, max_wait=0, backoff=(0.05, 0.2))
+    mirror = DatabaseMirror(src, store(dsn), max_events=20, max_wait=0, backoff=(0.05, 0.2))
     stop = asyncio.Event()
     task = asyncio.create_task(mirror.run(stop))
     for v in values[:300]:
@@ -242,7 +246,7 @@ async def test_two_mirrors_of_one_source_write_each_change_once(postgres_dsn: st
         for src in sources:
             src.append(v, partition=i % 2)
     mirrors = [
-        Mirror(src, store(postgres_dsn), max_events=15, max_wait=0, backoff=(0.01, 0.05))
+        DatabaseMirror(src, store(postgres_dsn), max_events=15, max_wait=0, backoff=(0.01, 0.05))
         for src in sources
     ]
     stop = asyncio.Event()
@@ -285,7 +289,7 @@ async def test_readiness_follows_the_database(postgres_control: PostgresServer) 
 
     dsn = postgres_control.new_database()
     src = MemorySource()
-    mirror = Mirror(src, store(dsn), max_events=10, max_wait=0.01, backoff=(0.05, 0.1))
+    mirror = DatabaseMirror(src, store(dsn), max_events=10, max_wait=0.01, backoff=(0.05, 0.1))
     assert readiness(mirror) == (False, ["not reading yet: connecting to PostgreSQL and the bus"])
     stop = asyncio.Event()
     task = asyncio.create_task(mirror.run(stop))

@@ -1,0 +1,1 @@
+"""The readers that feed a ``bridge.Mirror`` (mirror.py) from Kafka or JetStream."""
