@@ -14,14 +14,13 @@ keeps it a single ordered log.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
-from bridge.consuming.positions import Position
+from bridge.consuming.positions import BusPositions, Position
 from bridge.errors import SinkUnavailableError
 
 
@@ -35,12 +34,14 @@ def decode(value: bytes) -> Position:
     return Position(int(rv), deleted == "deleted")
 
 
-class KafkaTopicPositions:
+class KafkaTopicPositions(BusPositions):
+    _unavailable = (KafkaError,)
+
     def __init__(self, options: dict[str, Any], topic: str) -> None:
+        super().__init__()
         self.options = options  # connection_options(...) of the sink's cluster
         self.topic = topic
-        self._positions: dict[str, Position] = {}
-        self._pending: dict[str, Position] = {}
+        self._where = f"positions topic {topic!r}"
         self._producer: AIOKafkaProducer | None = None
 
     async def open(self) -> None:
@@ -66,7 +67,7 @@ class KafkaTopicPositions:
         self._producer = producer
         await self._load()
 
-    async def _load(self) -> None:
+    async def _read(self) -> dict[str, Position]:
         consumer = AIOKafkaConsumer(
             group_id=None,
             enable_auto_commit=False,
@@ -98,36 +99,16 @@ class KafkaTopicPositions:
                             positions[r.key.decode()] = decode(r.value)
         finally:
             await consumer.stop()
-        self._positions = positions
-        self._positions.update(self._pending)  # recorded here, not yet flushed
+        return positions
 
-    async def get(self, uid: str) -> Position | None:
-        return self._positions.get(uid)
-
-    def record(self, uid: str, position: Position, partition: int) -> None:
-        self._positions[uid] = self._pending[uid] = position
-
-    async def flush(self) -> None:
-        if not self._pending:
-            return
+    async def _write(self, pending: dict[str, Position]) -> None:
         producer = self._producer
         assert producer is not None, "open() first"
-        pending, self._pending = self._pending, {}
-        try:
-            sent = [
-                await producer.send(self.topic, key=uid.encode(), value=encode(p), partition=0)
-                for uid, p in pending.items()
-            ]
-            await asyncio.gather(*sent)
-        except KafkaError as e:
-            self._pending = pending | self._pending
-            raise SinkUnavailableError(f"positions topic {self.topic!r}: {e!r}") from e
-
-    def unhandled(self) -> None:
-        pass  # nothing is written for an event before it is recorded
-
-    async def assigned(self, partitions: Iterable[int]) -> None:
-        await self._load()
+        sent = [
+            await producer.send(self.topic, key=uid.encode(), value=encode(p), partition=0)
+            for uid, p in pending.items()
+        ]
+        await asyncio.gather(*sent)
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None

@@ -25,14 +25,14 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
-from bridge.consuming.positions import Position
+from bridge.consuming.positions import BusPositions, Position
 from bridge.consuming.source import Incoming
 from bridge.delivery.events import nats_token
 from bridge.errors import SinkError, SinkUnavailableError
@@ -54,18 +54,20 @@ def bucket_name(group: str, suffix: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", group) + "-" + suffix
 
 
-class NatsKvPositions:
+class NatsKvPositions(BusPositions):
     """Positions in the KV bucket ``{group}-positions`` (key uid, value as on Kafka).
 
     Loaded whole when the lease is taken (``assigned``); afterwards only the
     lease holder writes, so its memory is the truth until it lets go."""
 
+    _unavailable = (nats.errors.Error, TimeoutError)
+
     def __init__(self, js: JetStreamContext, bucket: str) -> None:
+        super().__init__()
         self.js = js
         self.bucket = bucket
+        self._where = f"NATS KV {bucket!r}"
         self._kv: KeyValue | None = None
-        self._positions: dict[str, Position] = {}
-        self._pending: dict[str, Position] = {}
 
     async def open(self) -> None:
         if self._kv is not None:
@@ -75,7 +77,7 @@ class NatsKvPositions:
         except nats.js.errors.BucketNotFoundError:
             self._kv = await self.js.create_key_value(KeyValueConfig(bucket=self.bucket, history=1))
 
-    async def _load(self) -> None:
+    async def _read(self) -> dict[str, Position]:
         assert self._kv is not None
         from bridge.consuming.kafka_positions import decode
 
@@ -91,33 +93,14 @@ class NatsKvPositions:
                     positions.pop(entry.key, None)
         finally:
             await watcher.stop()
-        self._positions = positions | self._pending
+        return positions
 
-    async def get(self, uid: str) -> Position | None:
-        return self._positions.get(uid)
-
-    def record(self, uid: str, position: Position, partition: int) -> None:
-        self._positions[uid] = self._pending[uid] = position
-
-    async def flush(self) -> None:
-        if not self._pending:
-            return
+    async def _write(self, pending: dict[str, Position]) -> None:
         from bridge.consuming.kafka_positions import encode
 
         kv = self._kv
         assert kv is not None
-        pending, self._pending = self._pending, {}
-        try:
-            await asyncio.gather(*(kv.put(uid, encode(p)) for uid, p in pending.items()))
-        except (nats.errors.Error, TimeoutError) as e:
-            self._pending = pending | self._pending
-            raise SinkUnavailableError(f"NATS KV {self.bucket!r}: {e!r}") from e
-
-    def unhandled(self) -> None:
-        pass
-
-    async def assigned(self, partitions: Iterable[int]) -> None:
-        await self._load()
+        await asyncio.gather(*(kv.put(uid, encode(p)) for uid, p in pending.items()))
 
     async def close(self) -> None:
         self._kv = None

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from bridge.errors import SinkUnavailableError
+
 if TYPE_CHECKING:
     from bridge.consumer import ReceivedEvent
 
@@ -236,3 +238,50 @@ class SqlitePositions:
             "select uid, resource_version, deleted from positions where grp = ?", (self.group,)
         )
         return {uid: Position(int(rv), bool(d)) for uid, rv, d in rows}
+
+
+class BusPositions:
+    """What the stores on the group's bus share: the positions read whole (``_read``)
+    at open and at every assignment, recorded in memory, and those recorded since
+    the last flush written back (``_write``) at ``flush``; what could not be
+    written stays for the next one."""
+
+    # The bus's errors that mean "not now"; and where, for the message.
+    _unavailable: tuple[type[BaseException], ...] = ()
+    _where = ""
+
+    def __init__(self) -> None:
+        self._positions: dict[str, Position] = {}
+        self._pending: dict[str, Position] = {}
+
+    async def _read(self) -> dict[str, Position]:
+        raise NotImplementedError
+
+    async def _write(self, pending: dict[str, Position]) -> None:
+        raise NotImplementedError
+
+    async def _load(self) -> None:
+        # What was recorded here and not yet flushed stands over what the bus holds.
+        self._positions = await self._read() | self._pending
+
+    async def get(self, uid: str) -> Position | None:
+        return self._positions.get(uid)
+
+    def record(self, uid: str, position: Position, partition: int) -> None:
+        self._positions[uid] = self._pending[uid] = position
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        try:
+            await self._write(pending)
+        except self._unavailable as e:
+            self._pending = pending | self._pending
+            raise SinkUnavailableError(f"{self._where}: {e!r}") from e
+
+    def unhandled(self) -> None:
+        pass  # nothing is written for an event before it is recorded
+
+    async def assigned(self, partitions: Iterable[int]) -> None:
+        await self._load()
