@@ -29,6 +29,20 @@ STAGED_COLUMNS = (
     "winner",
 )  # fmt: skip
 
+# What a current and a deleted object's row both hold, in this order.
+_OBJECT: dict[str, str] = {
+    "cluster": "text",
+    "uid": "text",
+    "api_version": "text",
+    "kind": "text",
+    "namespace": "text",
+    "name": "text",
+    "resource_version": "bigint",
+    "labels": "jsonb",
+    "object": "jsonb",
+    "first_seen": "timestamp with time zone",
+}
+
 # Every table the mirror owns, with the columns and types it expects
 # (information_schema spelling): anything else in their place is refused.
 COLUMNS: dict[str, dict[str, str]] = {
@@ -45,30 +59,12 @@ COLUMNS: dict[str, dict[str, str]] = {
         "updated_at": "timestamp with time zone",
     },
     "objects": {
-        "cluster": "text",
-        "uid": "text",
-        "api_version": "text",
-        "kind": "text",
-        "namespace": "text",
-        "name": "text",
-        "resource_version": "bigint",
-        "labels": "jsonb",
-        "object": "jsonb",
-        "first_seen": "timestamp with time zone",
+        **_OBJECT,
         "last_changed": "timestamp with time zone",
         "event_id": "text",
     },
     "deleted_objects": {
-        "cluster": "text",
-        "uid": "text",
-        "api_version": "text",
-        "kind": "text",
-        "namespace": "text",
-        "name": "text",
-        "resource_version": "bigint",
-        "labels": "jsonb",
-        "object": "jsonb",
-        "first_seen": "timestamp with time zone",
+        **_OBJECT,
         "deleted_at": "timestamp with time zone",
         "reason": "text",
         "event_id": "text",

@@ -25,6 +25,7 @@ import sqlite3
 import sys
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,15 +229,15 @@ def check_at_least_once(
     return repeats
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-async def test_consumer_kill9_against_kafka(
-    tmp_path: Path, emulator: Emulator, kafka_broker: str, workers: int
-) -> None:
-    s = seed()
+async def partitioned_topic(
+    kafka_broker: str,
+) -> tuple[str, Callable[[], Awaitable[list[dict[str, Any]]]]]:
+    """A fresh topic of three partitions (two workers share them, a rebalance moves
+    them), and its oracle: every event as aiokafka's read_committed consumer reads it."""
     topic = "consume-crash-" + uuid.uuid4().hex[:8]
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker)
     await admin.start()
-    try:  # three partitions: two workers share them, a rebalance moves them
+    try:
         await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
     finally:
         await admin.close()
@@ -247,6 +248,15 @@ async def test_consumer_kill9_against_kafka(
             for e in await kafka_events(kafka_broker, topic, isolation_level="read_committed")
         ]
 
+    return topic, oracle
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_consumer_kill9_against_kafka(
+    tmp_path: Path, emulator: Emulator, kafka_broker: str, workers: int
+) -> None:
+    s = seed()
+    topic, oracle = await partitioned_topic(kafka_broker)
     expected, handled = await run_crash_rounds(
         tmp_path, emulator, kafka_sink(kafka_broker, topic), workers, oracle, s
     )
@@ -286,20 +296,7 @@ async def test_consumer_kill9_with_positions_on_the_bus(
     kills and rebalances; what is handled twice is only what the at-least-once window
     (handled, positions not yet flushed) allows (docs/consuming.md)."""
     s = seed()
-    topic = "consume-crash-" + uuid.uuid4().hex[:8]
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
-    finally:
-        await admin.close()
-
-    async def oracle() -> list[dict[str, Any]]:
-        return [
-            {"_event": ReceivedEvent.parse(_raw(e))}
-            for e in await kafka_events(kafka_broker, topic, isolation_level="read_committed")
-        ]
-
+    topic, oracle = await partitioned_topic(kafka_broker)
     expected, handled = await run_crash_rounds(
         tmp_path, emulator, kafka_sink(kafka_broker, topic), 2, oracle, s, store="bus"
     )

@@ -19,31 +19,19 @@ from aiokafka import AIOKafkaProducer
 
 from bridge.cli.tail import tail
 from bridge.consumer import LAST, ConsumerStats, ReceivedEvent, consume
-from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.events import Event, EventBuilder
 from bridge.errors import ConfigError
 from bridge.service.settings import Settings, load_settings
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
+from tests.integration.test_consumer import builder, detector
+from tests.integration.test_consumer import configmap as configmap_with
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-detector = ChangeDetector(Fingerprinter([]))
-builder = EventBuilder(cluster="it", group="", version="v1", kind="ConfigMap", plural="configmaps")
-
 
 def configmap(name: str, rv: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "resourceVersion": str(rv),
-        },
-        "data": {"k": str(rv)},
-    }
+    return configmap_with(name, rv, str(rv))
 
 
 def added(name: str, rv: int) -> Event:
