@@ -73,18 +73,33 @@ def _positive_rv(raw: str) -> str:
 
 
 class _RunPublisher:
-    """Publishes replayed events under this run's bus-level dedupe id, counting the acks."""
+    """Publishes replayed events under this run's bus-level dedupe id, counting the acks.
 
-    def __init__(self, sink: Sink, run_id: str) -> None:
+    An event the bus refused for good was not published: it is counted apart
+    (``refused``) and logged, never among ``acked``, and the batches are cut at
+    the sink's ``maxBatch`` as the running bridge cuts them.
+    """
+
+    def __init__(self, sink: Sink, run_id: str, max_batch: int) -> None:
         self.sink = sink
         self.suffix = f":replay:{run_id}"
+        self.max_batch = max_batch
         self.acked = 0
+        self.refused = 0
 
     async def publish(self, events: Sequence[Event]) -> None:
-        if not events:
-            return
-        await self.sink.publish([replace(e, msg_id=e.id + self.suffix) for e in events])
-        self.acked += len(events)
+        for i in range(0, len(events), self.max_batch):
+            part = events[i : i + self.max_batch]
+            refused = await self.sink.publish([replace(e, msg_id=e.id + self.suffix) for e in part])
+            for j, reason in sorted(refused.items()):
+                log.warning(
+                    "the bus refused a replayed event for good",
+                    subject=part[j].subject,
+                    id=part[j].id,
+                    reason=reason,
+                )
+            self.refused += len(refused)
+            self.acked += len(part) - len(refused)
 
 
 def _stored_counter(settings: Settings, suffix: str) -> StoredCounter:
@@ -103,14 +118,14 @@ def _stored_counter(settings: Settings, suffix: str) -> StoredCounter:
     )
 
 
-def _outcome(stored: int | None, acked: int, run_id: str) -> tuple[int, str]:
+def _outcome(stored: int | None, acked: int, run_id: str, refused: int = 0) -> tuple[int, str]:
     """The count to print (what the bus kept) and the note that follows the line."""
-    note = ""
+    note = f"; {refused} refused by the bus for good (see the log)" if refused else ""
     if stored is None:
         stored = acked
-        note = "; acknowledged, but the stream could not be read back to count what it kept"
+        note += "; acknowledged, but the stream could not be read back to count what it kept"
     elif stored < acked:
-        note = f"; {acked - stored} more were dropped by the bus as duplicates"
+        note += f"; {acked - stored} more were dropped by the bus as duplicates"
     return stored, f" (replay run {run_id}{note})"
 
 
@@ -138,7 +153,7 @@ async def replay(
     client = await KubeClient.from_kubeconfig(settings.cluster.kubeconfig, settings.cluster.context)
     injected = sink is not None
     sink = sink or build_sink(settings)
-    out = _RunPublisher(sink, run_id)
+    out = _RunPublisher(sink, run_id, settings.sink.max_batch)
     if counter is None:
         counter = AckedCounter() if injected else _stored_counter(settings, out.suffix)
     try:
@@ -169,7 +184,7 @@ async def replay(
                 await _replay_watch(lw, builder, detector, view, out, from_rv, stop, quiet)
             except TooLargeResourceVersionError:
                 raise await _future_rv(lw, info, from_rv) from None
-            n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
+            n, note = _outcome(await counter.count(out.acked), out.acked, run_id, out.refused)
             err.write(
                 f"replayed {n} change(s) of {info.plural} after resourceVersion {from_rv}{note}\n"
             )
@@ -184,7 +199,7 @@ async def replay(
             # One namespace of an all-namespaces checkpoint: only its digests take part.
             only = namespace if not res.namespaces else None
             await _replay_diff(settings, lw, info, rid, only, builder, detector, view, out, err)
-            n, note = _outcome(await counter.count(out.acked), out.acked, run_id)
+            n, note = _outcome(await counter.count(out.acked), out.acked, run_id, out.refused)
             err.write(f"published {n} change(s) of {info.plural} from a relist diff{note}\n")
         return 0
     finally:
@@ -292,7 +307,7 @@ async def _replay_watch(
             if etype in ("ADDED", "MODIFIED", "DELETED"):
                 changes = _changes(detector, view, state, str(etype), obj)
                 batch.extend(builder.build(c) for c in changes)
-                if len(batch) >= 500:
+                if len(batch) >= out.max_batch:
                     await out.publish(batch)
                     batch = []
             if target >= 0 and rv >= target:
@@ -382,6 +397,4 @@ async def _replay_diff(
     for key, digest in digests.items():
         last = object_from_digest(digest, api_version=info.api_version, kind=info.kind)
         changes.extend(detector.on_delete(DeletedFinalStateUnknown(key, last)))
-    events = [builder.build(c) for c in changes]
-    for i in range(0, len(events), 500):
-        await out.publish(events[i : i + 500])
+    await out.publish([builder.build(c) for c in changes])
