@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 REALDEPS ?= $(or $(REALDEPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/k8s-bridge-realdeps)
 export REALDEPS_CACHE := $(REALDEPS)
 
-.PHONY: test test-real lint types pytest demo bench tools realdeps lock clean
+.PHONY: test test-fast test-real lint types pytest demo bench tools realdeps lock clean
 
 # The locks pin every package with its hashes, for Python 3.11 on linux x86_64
 # (what CI and the image run); pyproject.toml keeps the ranges. The project
@@ -81,6 +81,12 @@ test-real: $(BIN)/.installed tools realdeps
 	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider -m real
 
 test: lint types pytest
+
+# The unit and integration tiers only (the emulator, nats-server, one Kafka
+# broker; no kube-apiserver, no processes of the bridge): what to run while
+# changing code. The slowest tests are printed, so a slow one is seen.
+test-fast: $(BIN)/.installed tools realdeps
+	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider --durations=10 tests/unit tests/integration
 
 demo: $(BIN)/.runtime
 	$(BIN)/k8s-bridge demo

@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.kube",
     "tests.fixtures.realkafka",
     "tests.fixtures.postgres",
+    "tests.fixtures.pipeline",
 ]
 
 

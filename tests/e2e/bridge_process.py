@@ -16,6 +16,8 @@ import aiohttp
 import orjson
 import yaml
 
+from tests.fixtures.waiting import until
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -146,22 +148,6 @@ def kafka_sink(bootstrap: str, topic: str) -> dict[str, Any]:
     """The ``sink`` section for a test's Kafka broker: the producer at its defaults
     (``acks=all``, idempotent), as users run it."""
     return {"kind": "kafka", "kafka": {"bootstrapServers": [bootstrap], "topic": topic}}
-
-
-async def until(
-    cond: Callable[[], Any], timeout: float = 20.0, message: Callable[[], str] | None = None
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(message() if message else "condition not reached in time")
-        await asyncio.sleep(0.1)
 
 
 async def jetstream_events(url: str, stream: str = "K8S") -> list[dict[str, Any]]:

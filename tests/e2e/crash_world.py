@@ -36,7 +36,8 @@ from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.delivery.changes import CERTAIN, Fingerprinter
 from bridge.errors import CheckpointError
-from tests.e2e.bridge_process import BridgeProcess, kill9, until
+from tests.e2e.bridge_process import BridgeProcess, kill9
+from tests.fixtures.waiting import until
 
 FINGERPRINT = Fingerprinter([]).fingerprint
 

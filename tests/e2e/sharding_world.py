@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from bridge.kube.sharding import ShardField, shard_range
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, write_config
 from tests.e2e.crash_world import Objects
+from tests.fixtures.waiting import until
 
 Body = dict[str, Any]
 

@@ -34,15 +34,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bridge.consumer import ReceivedEvent
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    jetstream_events,
-    kafka_sink,
-    until,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kafka_sink, write_config
 from tests.e2e.crash_world import Target, World, kafka_events, seed, sqlite_settled
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

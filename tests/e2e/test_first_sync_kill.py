@@ -25,8 +25,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bridge.delivery.settings import PipelineSettings
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import BridgeProcess, kill9, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, kill9, write_config
 from tests.e2e.crash_world import kafka_checkpoint_settled, kafka_events
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

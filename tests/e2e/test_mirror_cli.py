@@ -13,9 +13,10 @@ import nats
 import pytest
 
 from tests.doubles.memory_source import event
-from tests.e2e.bridge_process import cli, free_port, until
+from tests.e2e.bridge_process import cli, free_port
 from tests.e2e.mirror_process import MirrorProcess, query, write_mirror_config
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

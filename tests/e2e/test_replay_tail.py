@@ -26,15 +26,9 @@ from bridge.delivery.events import Event, EventBuilder
 from bridge.emulator import Emulator
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    changes,
-    cli,
-    jetstream_events,
-    until,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, changes, cli, jetstream_events, write_config
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

@@ -19,13 +19,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from cloudevents.v1.http import from_json
 
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    kafka_sink,
-    published_once,
-    until,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, kafka_sink, published_once, write_config
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

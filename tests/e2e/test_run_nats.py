@@ -26,11 +26,11 @@ from tests.e2e.bridge_process import (
     kill9,
     probe,
     published_once,
-    until,
     without,
     write_config,
 )
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -15,16 +15,10 @@ import pytest
 
 from bridge.delivery.events import LAST_APPLIED, REDACTED
 from bridge.emulator import Emulator
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    jetstream_events,
-    probe,
-    until,
-    without,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, probe, without, write_config
 from tests.e2e.kubectl import kubectl
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [
     pytest.mark.e2e,

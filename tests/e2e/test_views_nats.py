@@ -19,11 +19,11 @@ from tests.e2e.bridge_process import (
     jetstream_events,
     probe,
     published,
-    until,
     without,
     write_config,
 )
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -24,7 +24,7 @@ from bridge.emulator import Emulator
 from bridge.logging import configure_logging
 from bridge.service.app import BridgeApp
 from tests.doubles.memory_sink import MemorySink
-from tests.e2e.bridge_process import until
+from tests.fixtures.waiting import until
 from tests.integration.test_app_readiness import Running, pod, running, settings_for, status_is
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -28,8 +28,9 @@ from bridge.errors import UnknownKindError
 from bridge.service.app import BridgeApp
 from bridge.service.settings import Settings, load_settings
 from tests.doubles.memory_sink import MemorySink, MemoryTransactions
-from tests.e2e.bridge_process import jetstream_events, until
+from tests.e2e.bridge_process import jetstream_events
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

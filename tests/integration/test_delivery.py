@@ -22,14 +22,13 @@ from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
 from bridge.errors import CheckpointError
 from tests.doubles.memory_sink import MemorySink
-from tests.integration.test_pipeline import (
+from tests.fixtures.pipeline import (
     FAST,
     Harness,
     commit_cycles,
     pod,
-    wait_for,
-    wait_for_async,
 )
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +63,9 @@ async def test_an_event_is_published_without_waiting_for_the_checkpoint_cadence(
     p = await harness.pipeline()
     p.settings = dataclasses.replace(FAST, flush_interval=30.0)
     async with running(p):
-        await wait_for(p.has_synced)
+        await until(p.has_synced)
         emulator.create(pod("now"))
-        await wait_for(lambda: len(harness.sink.events) == 1, timeout=1.0)
+        await until(lambda: len(harness.sink.events) == 1, timeout=1.0)
     assert harness.sink.events[0].id.endswith(":" + harness.sink.events[0].resource_version)
 
 
@@ -80,7 +79,7 @@ async def test_the_watermark_advances_under_churn_that_never_pauses(
     p.settings = dataclasses.replace(FAST, flush_interval=0.2)
     stored: list[int] = []
     async with running(p):
-        await wait_for(p.has_synced)
+        await until(p.has_synced)
         loop = asyncio.get_running_loop()
         end = loop.time() + 3.0
         i = 0
@@ -129,8 +128,8 @@ async def test_many_keys_awaiting_their_rows_make_a_commit_due_early(
         return cp is not None and sum(d.state == CERTAIN for d in cp.digests.values()) >= 20
 
     async with running(p):
-        await wait_for(lambda: len(harness.sink.events) == 30)
-        await wait_for_async(committed, timeout=2.0)
+        await until(lambda: len(harness.sink.events) == 30)
+        await until(committed, timeout=2.0)
         cp = await harness.checkpoints.load(RID)
         assert cp is not None
         acked = {e.data["object"]["metadata"]["name"] for e in harness.sink.events}
@@ -430,11 +429,11 @@ async def test_fail_stops_the_resource_naming_the_object(
 ) -> None:
     p = await poisoned(harness, emulator, "fail")
     async with running(p):
-        await wait_for(lambda: p.failed is not None)
+        await until(lambda: p.failed is not None)
         emulator.create(pod("later"))
         # Stopped means its watch is gone from the API server: nothing can bring
         # "later" in any more (a pipeline that went on would publish it first).
-        await wait_for(
+        await until(
             lambda: (
                 not emulator.store.all_watchers()
                 or any(e.subject == "default/later" for e in harness.sink.events)
@@ -457,7 +456,7 @@ async def test_a_refused_event_superseded_in_its_batch_is_not_republished_out_of
     p = await harness.pipeline()
     p.settings = dataclasses.replace(FAST, linger=0.2)  # both changes in one batch
     async with running(p):
-        await wait_for(p.has_synced)
+        await until(p.has_synced)
         first_rv.append(emulator.create(pod("x"))["metadata"]["resourceVersion"])
         emulator.patch("v1", "Pod", "x", {"spec": {"nodeName": "n1"}}, namespace="default")
         await harness.settled(p)
@@ -475,7 +474,7 @@ async def test_the_checkpoint_waits_while_the_bus_is_down(
         harness.sink.available = False
         before = p.committed_resource_version
         emulator.create(pod("two"))
-        await wait_for(lambda: not p.sink_healthy)  # "two" was decided and refused
+        await until(lambda: not p.sink_healthy)  # "two" was decided and refused
         await commit_cycles(p)
         assert p.committed_resource_version == before
         harness.sink.available = True
@@ -483,7 +482,7 @@ async def test_the_checkpoint_waits_while_the_bus_is_down(
         async def caught_up() -> bool:
             return p.committed_resource_version == str(emulator.resource_version)
 
-        await wait_for_async(caught_up)
+        await until(caught_up)
 
 
 async def test_shutdown_publishes_what_was_decided_and_commits_it(
@@ -493,10 +492,10 @@ async def test_shutdown_publishes_what_was_decided_and_commits_it(
     harness.sink.delay = 0.2
     p = await harness.pipeline()
     task = asyncio.create_task(p.run())
-    await wait_for(p.has_synced)
+    await until(p.has_synced)
     for name in ("a", "b", "c"):
         emulator.create(pod(name))
-    await wait_for(lambda: p.outbox.last_seq == 3)
+    await until(lambda: p.outbox.last_seq == 3)
     assert p.outbox.unacknowledged > 0
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -546,7 +545,7 @@ async def test_events_waiting_for_the_bus_are_bounded_by_their_bytes(
     p.outbox.decide = recording  # type: ignore[method-assign]
     async with running(p):
         # Every listed object queued: a handler that did not wait would decide them now.
-        await wait_for(
+        await until(
             lambda: (
                 p.outbox.unacknowledged_bytes >= 4000
                 and p.informer is not None
@@ -560,7 +559,7 @@ async def test_events_waiting_for_the_bus_are_bounded_by_their_bytes(
         assert p.outbox.unacknowledged_bytes < 4000 + size
         assert waiting < 20
         harness.sink.gate.set()
-        await wait_for(lambda: len(harness.sink.events) == 20)
+        await until(lambda: len(harness.sink.events) == 20)
     assert all(b < 4000 for b in before_each), before_each
     assert [e.data["object"]["metadata"]["name"] for e in harness.sink.events] == [
         f"b{i:02d}" for i in range(20)
@@ -575,7 +574,7 @@ async def test_an_event_larger_than_the_byte_bound_still_goes_alone(
     p = await harness.pipeline()
     p.settings = dataclasses.replace(FAST, max_pending_bytes=1)
     async with running(p):
-        await wait_for(lambda: len(harness.sink.events) == 5)
+        await until(lambda: len(harness.sink.events) == 5)
     # One event at a time: never two waiting for the bus together.
     assert all(len(batch) == 1 for batch in harness.sink.batches)
 
@@ -647,7 +646,7 @@ async def test_a_commit_never_puts_an_older_row_over_a_transactions_newer_one(
     harness.pipeline = pipeline  # type: ignore[method-assign]
     first = emulator.create(pod("k"))
     async with harness.running():
-        await wait_for(
+        await until(
             lambda: any(e.id.endswith(first["metadata"]["resourceVersion"]) for e in sink.events)
         )
         store.armed = True
@@ -655,10 +654,10 @@ async def test_a_commit_never_puts_an_older_row_over_a_transactions_newer_one(
         now = emulator.patch("v1", "Pod", "k", {"spec": {"nodeName": "n1"}}, namespace="default")
         rv = now["metadata"]["resourceVersion"]
         with contextlib.suppress(AssertionError):  # the transaction waits for the commit
-            await wait_for(lambda: any(e.id.endswith(f":{rv}") for e in sink.events), timeout=0.5)
+            await until(lambda: any(e.id.endswith(f":{rv}") for e in sink.events), timeout=0.5)
         store.gate.set()
-        await wait_for(lambda: any(e.id.endswith(f":{rv}") for e in sink.events))
-        await wait_for(lambda: store.held_stored)
+        await until(lambda: any(e.id.endswith(f":{rv}") for e in sink.events))
+        await until(lambda: store.held_stored)
         await asyncio.sleep(0.1)
     cp = await store.load(RID)
     assert cp is not None and cp.digests["default/k"].resource_version == rv

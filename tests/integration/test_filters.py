@@ -15,8 +15,9 @@ import pytest
 from bridge.delivery.changes import UNCERTAIN, Digest
 from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
+from tests.fixtures.pipeline import Harness, pod
+from tests.fixtures.waiting import until
 from tests.integration.test_delivery import running
-from tests.integration.test_pipeline import Harness, pod, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ async def test_an_uncertain_key_that_no_longer_matches_leaves_with_a_filtered_ev
         (),
     )
     async with running(await harness.pipeline()) as p:
-        await wait_for(lambda: len(harness.sink.events) == 1)
+        await until(lambda: len(harness.sink.events) == 1)
         await harness.settled(p)
     assert seen(harness) == [("filtered", "default/maybe")]
     cp = await harness.checkpoints.load(RID)

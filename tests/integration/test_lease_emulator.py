@@ -18,6 +18,7 @@ from bridge.emulator import Emulator
 from bridge.errors import ConflictError
 from bridge.kube.client import KubeClient
 from bridge.kube.lease import KubeLeaseClient, LeaderElector
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +81,6 @@ def elector(client: KubeClient, identity: str, *, release: bool = True) -> Leade
         retry_period=RETRY,
         release_on_cancel=release,
     )
-
-
-async def until(cond: Callable[[], bool], timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.02)
 
 
 def agree_on(electors: dict[int, LeaderElector], holder: str) -> bool:

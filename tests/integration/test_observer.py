@@ -10,9 +10,8 @@ from prometheus_client import CollectorRegistry
 from bridge.emulator import Emulator
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
-from tests.integration.test_pipeline import Harness, client, harness, pod, wait_for
-
-__all__ = ["client", "harness"]  # fixtures shared with the pipeline tests
+from tests.fixtures.pipeline import Harness, pod
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +41,12 @@ async def test_restarts_relists_and_cache_size_reach_prometheus(
         # fail with 410, which is a relist.
         await asyncio.sleep(1.1)  # past the short-watch window (checklist 11)
         emulator.chaos.drop_watches()
-        await wait_for(lambda: sum(p.informer.reflector.watch_restarts.values()) >= 1)  # type: ignore[union-attr]
+        await until(lambda: sum(p.informer.reflector.watch_restarts.values()) >= 1)  # type: ignore[union-attr]
         emulator.create(pod("m3"))
         emulator.chaos.compact()
         emulator.chaos.drop_watches()
         # The initial list counts as one; the 410 (or the at-once-dead watch) as another.
-        await wait_for(lambda: sum(p.informer.reflector.relists.values()) >= 2)  # type: ignore[union-attr]
+        await until(lambda: sum(p.informer.reflector.relists.values()) >= 2)  # type: ignore[union-attr]
         await harness.settled(p)
         observer.sync_metrics()
         observer.sync_metrics()  # carrying over twice counts nothing twice
@@ -91,7 +90,7 @@ async def test_filter_evaluation_errors_reach_prometheus(
         bare = pod("no-status-2")
         del bare["status"]
         emulator.create(bare)
-        await wait_for(lambda: p.filter_errors == 2)
+        await until(lambda: p.filter_errors == 2)
         observer.sync_metrics()
         observer.sync_metrics()  # carried over once
         assert sample(registry, "k8s_bridge_filter_errors_total", resource=p.label) == 2

@@ -8,147 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.delivery.changes import CERTAIN, UNCERTAIN, ChangeDetector, Fingerprinter
-from bridge.delivery.events import EventBuilder
-from bridge.delivery.filters import Filter
-from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
+from bridge.delivery.changes import CERTAIN, UNCERTAIN
 from bridge.emulator import Emulator
-from bridge.kube.client import KubeClient
-from bridge.kube.discovery import Discovery
-from bridge.kube.listwatch import ListWatch
-from bridge.kube.reflector import ReflectorSettings
-from bridge.service.wiring import object_decoder
-from tests.doubles.memory_sink import MemorySink
+from tests.fixtures.pipeline import FAST, Harness, commit_cycles, pod
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
-
-FAST = PipelineSettings(
-    flush_interval=0.05,
-    max_batch=50,
-    retry_initial=0.05,
-    retry_cap=0.2,
-    shutdown_timeout=0.5,
-    reflector=ReflectorSettings(backoff_initial=0.05, backoff_cap=0.2),
-)
-
-
-def pod(name: str, ns: str = "default", **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
-        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
-        "status": {"phase": "Pending", "conditions": []},
-    }
-
-
-@pytest.fixture
-async def client(kubeconfig: Path) -> AsyncIterator[KubeClient]:
-    c = await KubeClient.from_kubeconfig(str(kubeconfig))
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-class Harness:
-    """Builds and runs pipelines for Pods, sharing one sink and one checkpoint store."""
-
-    def __init__(self, client: KubeClient, emulator: Emulator) -> None:
-        self.client = client
-        self.emulator = emulator
-        self.sink = MemorySink()
-        self.checkpoints = MemoryCheckpointStore()
-        self.ignore = ["status.conditions"]
-        self.filter: str | None = None
-
-    async def pipeline(self) -> ResourcePipeline:
-        info = await Discovery(self.client).resolve("v1", "Pod")
-        fingerprinter = Fingerprinter(self.ignore)
-        builder = EventBuilder(cluster="test", group="", version="v1", kind="Pod", plural="pods")
-        filter = Filter(self.filter) if self.filter else None
-        return ResourcePipeline(
-            resource_id="core/v1/pods",
-            # Decoded as the app decodes: only what the resource reads is parsed.
-            lw=ListWatch(self.client, info, decoder=object_decoder(fingerprinter, builder, filter)),
-            detector=ChangeDetector(fingerprinter),
-            builder=builder,
-            sink=self.sink,
-            checkpoints=self.checkpoints,
-            settings=FAST,
-            filter=filter,
-        )
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[ResourcePipeline]:
-        p = await self.pipeline()
-        task = asyncio.create_task(p.run())
-        try:
-            await wait_for(lambda: p.has_synced())
-            yield p
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def settled(self, p: ResourcePipeline) -> None:
-        """Until every change so far is published and checkpointed at the emulator's RV."""
-        want = str(self.emulator.resource_version)
-
-        async def checkpointed() -> bool:
-            cp = await self.checkpoints.load("core/v1/pods")
-            return cp is not None and cp.resource_version == want
-
-        await wait_for_async(checkpointed)
-
-    async def probe(self, name: str = "probe") -> None:
-        """Until a change made now is on the bus. The informer decides in order and the
-        bus takes batches in order, so whatever the pipeline would publish for what
-        came before (a wrong republish, a change it should have suppressed) is on the
-        bus by then: "nothing else came" holds for good, not for a while."""
-        self.emulator.create(pod(name))
-        await wait_for(lambda: any(e.subject == f"default/{name}" for e in self.sink.events))
-
-    def kinds(self, start: int = 0) -> list[tuple[str, str]]:
-        return [(e.type.rsplit(".", 1)[-1], e.subject) for e in self.sink.events[start:]]
-
-
-async def commit_cycles(p: ResourcePipeline, n: int = 2) -> None:
-    """Until ``n`` checkpoint cycles have ended from now on; of two, the second began
-    after this call, so it saw everything decided before: what it would wrongly
-    store, it stored."""
-    ended = [time.monotonic()]  # the pipeline's clock
-    for _ in range(n):
-        await wait_for(lambda: p.stats.last_commit > ended[-1])
-        ended.append(p.stats.last_commit)
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    async def acond() -> bool:
-        return cond()
-
-    await wait_for_async(acond, timeout)
-
-
-async def wait_for_async(cond: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def harness(client: KubeClient, emulator: Emulator) -> Harness:
-    return Harness(client, emulator)
 
 
 async def test_initial_sync_publishes_each_object_once_marked_initial(
@@ -263,7 +131,7 @@ async def test_sink_down_never_lets_the_checkpoint_pass_the_bus(
         committed = p.committed_resource_version
         harness.sink.available = False
         emulator.create(pod("two"))
-        await wait_for(lambda: not p.sink_healthy)  # "two" was written ahead and refused
+        await until(lambda: not p.sink_healthy)  # "two" was written ahead and refused
         await commit_cycles(p)
         cp = await harness.checkpoints.load("core/v1/pods")
         assert cp is not None and cp.resource_version == committed
@@ -300,12 +168,12 @@ async def test_shutdown_with_the_bus_down_gives_up_in_time_and_keeps_the_checkpo
     emulator.create(pod("first"))
     p = await harness.pipeline()
     task = asyncio.create_task(p.run())
-    await wait_for(lambda: p.has_synced())
+    await until(lambda: p.has_synced())
     await harness.settled(p)
     committed = p.committed_resource_version
     harness.sink.available = False
     emulator.create(pod("second"))
-    await wait_for(lambda: not p.sink_healthy)  # "second" was written ahead and refused
+    await until(lambda: not p.sink_healthy)  # "second" was written ahead and refused
     loop = asyncio.get_running_loop()
     started = loop.time()
     task.cancel()

@@ -30,7 +30,8 @@ from bridge.emulator import Emulator
 from bridge.kube.records import is_record, make_record
 from bridge.sinks.nats import NatsSink
 from tests.doubles.memory_sink import MemorySink
-from tests.integration.test_pipeline import FAST, Harness, commit_cycles, pod, wait_for
+from tests.fixtures.pipeline import FAST, Harness, commit_cycles, pod
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ RID = "core/v1/pods"
 async def running(p: ResourcePipeline) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(p.run())
     try:
-        await wait_for(p.has_synced)
+        await until(p.has_synced)
         yield task
     finally:
         task.cancel()
@@ -55,7 +56,7 @@ def change_of(e: Event) -> str:
 
 async def settled(harness: Harness, p: ResourcePipeline) -> None:
     await harness.settled(p)
-    await wait_for(lambda: p.outbox.unacknowledged == 0)
+    await until(lambda: p.outbox.unacknowledged == 0)
 
 
 # -- snapshots -----------------------------------------------------------------------
@@ -174,7 +175,7 @@ async def test_a_crash_during_a_snapshot_makes_the_restart_publish_nothing(
         await settled(harness, p)
         harness.sink.delay = 0.02  # announcements are in flight when the process dies
         snap = asyncio.create_task(take_snapshot(p, "crash", page_size=10))
-        await wait_for(lambda: p.outbox.unacknowledged > 10)
+        await until(lambda: p.outbox.unacknowledged > 10)
         # kill -9 now: only what the checkpoint store holds survives.
         crashed = MemoryCheckpointStore()
         crashed._data = copy.deepcopy(harness.checkpoints._data)
@@ -232,9 +233,9 @@ async def test_a_heartbeat_carries_the_committed_watermark_not_the_watch_positio
         # A change the bus has not acknowledged: the watch moved on, the watermark did not.
         sink.gate.clear()
         emulator.create(pod("late"))
-        await wait_for(lambda: p.outbox.unacknowledged == 1)
+        await until(lambda: p.outbox.unacknowledged == 1)
         assert p.informer is not None and p.informer.reflector is not None
-        await wait_for(
+        await until(
             lambda: (
                 p.informer.reflector.last_sync_resource_version  # type: ignore[union-attr]
                 == str(emulator.resource_version)

@@ -20,7 +20,7 @@ from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
 from bridge.service.wiring import object_decoder
-from tests.integration.test_pipeline import FAST, Harness, pod
+from tests.fixtures.pipeline import FAST, Harness, pod
 
 pytestmark = pytest.mark.integration
 

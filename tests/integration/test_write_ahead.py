@@ -15,7 +15,8 @@ from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
 from bridge.delivery.events import Event
 from bridge.emulator import Emulator
 from tests.doubles.memory_sink import MemorySink
-from tests.integration.test_pipeline import Harness, pod, wait_for
+from tests.fixtures.pipeline import Harness, pod
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +67,10 @@ async def test_every_event_is_written_ahead_before_the_sink_gets_it(
     for i in range(5):
         emulator.create(pod(f"w{i}"))
     async with harness.running() as p:
-        await wait_for(lambda: len(sink.events) == 5)
+        await until(lambda: len(sink.events) == 5)
         for i in range(5):
             emulator.patch("v1", "Pod", f"w{i}", {"spec": {"nodeName": "n1"}}, namespace="default")
         emulator.delete("v1", "Pod", "w0", namespace="default")
-        await wait_for(lambda: len(sink.events) == 11)
+        await until(lambda: len(sink.events) == 11)
         assert p.sink_healthy
     assert sink.unknown == []

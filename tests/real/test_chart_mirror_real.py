@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from tests.doubles.memory_source import event
-from tests.e2e.bridge_process import free_port, until
+from tests.e2e.bridge_process import free_port
 from tests.e2e.mirror_process import query
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 from tests.real.test_chart_rbac import helm_install
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

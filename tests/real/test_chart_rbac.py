@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.bridge_process import BridgeProcess, cli, free_port, run_until_exit, until
+from tests.e2e.bridge_process import BridgeProcess, cli, free_port, run_until_exit
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realdeps import binary
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from bridge.kube.sharding import shard_range
-from tests.e2e.bridge_process import BridgeProcess, free_port, is_leader, until
+from tests.e2e.bridge_process import BridgeProcess, free_port, is_leader
 from tests.fixtures.kube import KubeCluster
+from tests.fixtures.waiting import until
 from tests.real.test_chart_rbac import can_i, helm_install
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

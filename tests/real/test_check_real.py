@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.bridge_process import BridgeProcess, cli, free_port, until
+from tests.e2e.bridge_process import BridgeProcess, cli, free_port
 from tests.fixtures.kube import KubeCluster
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

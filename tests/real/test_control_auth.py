@@ -26,9 +26,10 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.e2e.bridge_process import BridgeProcess, cli, free_port, until
+from tests.e2e.bridge_process import BridgeProcess, cli, free_port
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realdeps import binary
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

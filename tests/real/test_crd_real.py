@@ -24,15 +24,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    jetstream_events,
-    run_until_exit,
-    until,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, run_until_exit, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -22,9 +22,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from bridge.delivery.events import Event
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.kafka_transactions import FencedError, KafkaTransactions
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import pod, read_topic
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.bridge_process import BridgeProcess, kill9, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, kill9, write_config
 from tests.e2e.crash_world import seed
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.eos_world import (
     EosWorld,
     OpenTransactions,

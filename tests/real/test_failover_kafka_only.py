@@ -24,9 +24,10 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.bridge_process import BridgeProcess, is_leader, kill9, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, is_leader, kill9, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import read_topic
 from tests.real.test_leader_election_real import (
     LEASE,

@@ -29,9 +29,10 @@ from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.errors import CheckpointError, ConfigError
-from tests.e2e.bridge_process import BridgeProcess, cli, free_port, kill9, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, free_port, kill9, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import decoded, pod, read_topic
 from tests.real.test_kube_scenarios import log_lines
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.e2e.bridge_process import BridgeProcess, cli, run_until_exit, until
+from tests.e2e.bridge_process import BridgeProcess, cli, run_until_exit
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import SASL_PASSWORD, SASL_USER, KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import PodBridge, decoded, pod, read_topic, running
 
 pytestmark = [pytest.mark.timeout(180)]

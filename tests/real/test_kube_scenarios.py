@@ -27,16 +27,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.bridge_process import (
-    BridgeProcess,
-    jetstream_events,
-    kill9,
-    until,
-    write_config,
-)
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9, write_config
 from tests.e2e.sharding_world import pod
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.timeout(240)]
 

@@ -49,11 +49,11 @@ from tests.e2e.bridge_process import (
     jetstream_events,
     kill9,
     published,
-    until,
     write_config,
 )
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -29,7 +29,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.e2e.bridge_process import BridgeProcess, jetstream_events, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, write_config
 from tests.e2e.crash_world import (
     Target,
     World,
@@ -44,6 +44,7 @@ from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import read_topic
 
 pytestmark = [pytest.mark.timeout(240)]

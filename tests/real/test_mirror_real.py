@@ -27,11 +27,12 @@ import pytest
 
 from bridge.mirroring.mirror import Mirror
 from bridge.service.settings import load_settings
-from tests.e2e.bridge_process import BridgeProcess, until
+from tests.e2e.bridge_process import BridgeProcess
 from tests.e2e.crash_world import seed
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import PodBridge, pod
 
 pytestmark = [pytest.mark.timeout(120)]

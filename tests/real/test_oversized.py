@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.bridge_process import BridgeProcess, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
+from tests.fixtures.waiting import until
 from tests.real.kafkabus import decoded, pod, read_topic, running, watermark
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -30,9 +30,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.bridge_process import BridgeProcess, cli, jetstream_events, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, jetstream_events, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

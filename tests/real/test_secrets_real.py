@@ -34,9 +34,10 @@ import orjson
 import pytest
 
 from bridge.delivery.events import LAST_APPLIED, REDACTED
-from tests.e2e.bridge_process import BridgeProcess, cli, until, write_config
+from tests.e2e.bridge_process import BridgeProcess, cli, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

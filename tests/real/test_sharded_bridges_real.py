@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bridge.kube.sharding import ShardField, shard_range
-from tests.e2e.bridge_process import BridgeProcess, kill9, until
+from tests.e2e.bridge_process import BridgeProcess, kill9
 from tests.e2e.sharding_world import (
     World,
     bridge_config,
@@ -36,6 +36,7 @@ from tests.e2e.sharding_world import (
 )
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.waiting import until
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]
 

@@ -14,7 +14,7 @@ import yaml
 
 from bridge.emulator import Emulator
 from bridge.emulator.churn import ChurnGenerator
-from tests.integration.test_pipeline import wait_for_async
+from tests.fixtures.waiting import until
 
 
 async def test_module_serves_writes_kubeconfig_and_exits_zero_on_sigterm(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ async def test_module_serves_writes_kubeconfig_and_exits_zero_on_sigterm(tmp_pat
                 async with http.get("/api/v1/pods") as r:
                     return len((await r.json())["items"]) > 0
 
-            await wait_for_async(churned, 10)
+            await until(churned, 10)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 10)

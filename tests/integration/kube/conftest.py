@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -55,12 +55,6 @@ async def running(reflector: Reflector) -> AsyncIterator[asyncio.Task[None]]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.02)
 
 
 def make(client: KubeClient, res: ResourceInfo = PODS, **kw: object) -> ListWatch:

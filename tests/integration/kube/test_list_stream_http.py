@@ -28,7 +28,8 @@ from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.reflector import Reflector, ReflectorSettings
 from bridge.kube.store import Indexer
 from tests.doubles.scripted import RecordingStore
-from tests.integration.kube.conftest import PODS, pod_body, running, until
+from tests.fixtures.waiting import until
+from tests.integration.kube.conftest import PODS, pod_body, running
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,8 @@ from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import Reflector
 from bridge.kube.sharding import ShardRange, shard_ranges
 from tests.doubles.scripted import RecordingStore
-from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running, until
+from tests.fixtures.waiting import until
+from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running
 
 
 @pytest.mark.parametrize("honours", [True, False])

@@ -12,7 +12,8 @@ from bridge.kube.client import KubeClient
 from bridge.kube.listwatch import ListWatch, list_watches_for
 from bridge.kube.reflector import Reflector, ReflectorSettings
 from tests.doubles.scripted import RecordingStore
-from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running, until
+from tests.fixtures.waiting import until
+from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,9 @@ ones run the whole chain over the scripted ListerWatcher twin.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from bridge.kube.objects import (
     resource_version,
 )
 from bridge.kube.protocols import ListOptions, WatchOptions
+from tests.fixtures.waiting import until
 
 
 class UntouchedListerWatcher:
@@ -100,12 +102,7 @@ class Recorder:
             self.events.append(("delete", obj["metadata"]["name"], rv(obj), "object"))
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), timeout)
+eventually = partial(until, timeout=2.0, interval=0.005)
 
 
 @asynccontextmanager

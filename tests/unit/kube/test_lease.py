@@ -16,6 +16,7 @@ import pytest
 
 from bridge.errors import ConflictError, KubeConnectionError
 from bridge.kube.lease import InMemoryLeaseClient, LeaderElector, Lease
+from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.looptime
 
@@ -113,12 +114,6 @@ async def stop(*tasks: asyncio.Task[None]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def wait_for(predicate: Any, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.1)
-
-
 async def dead_holder_lease(server: InMemoryLeaseClient, holder: str, renew_time: str) -> None:
     """A Lease written once by a holder that never renews."""
     await server.create(
@@ -162,7 +157,7 @@ async def test_checklist_36_candidate_waits_lease_duration_from_its_own_observat
     b = elector(Link(server), "b")
     t0 = now()
     task = asyncio.create_task(b.run(*timeline.callbacks("b")))
-    await wait_for(lambda: b.is_leader, timeout=60)
+    await until(lambda: b.is_leader, timeout=60)
     taken = timeline.first("b", "start") - t0
     # Observed at ~0.05 s (one hop); allowed after 15 s of observation, then at most
     # one jittered retry (2 s * 2.2) plus the hops of the attempt.
@@ -178,7 +173,7 @@ async def test_checklist_36_a_renewing_holder_is_never_taken_over() -> None:
     timeline = Timeline()
     a, b = elector(Link(server, seed=1), "a"), elector(Link(server, seed=2), "b")
     ta = asyncio.create_task(a.run(*timeline.callbacks("a")))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     tb = asyncio.create_task(b.run(*timeline.callbacks("b")))
     await asyncio.sleep(120)
     assert a.is_leader and not b.is_leader
@@ -197,7 +192,7 @@ async def test_checklist_37_leader_stops_before_anyone_can_take_over() -> None:
     link_a = Link(server, seed=1)
     a, b = elector(link_a, "a"), elector(Link(server, seed=2), "b")
     ta = asyncio.create_task(a.run(*timeline.callbacks("a")))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     tb = asyncio.create_task(b.run(*timeline.callbacks("b")))
     await asyncio.sleep(7)
     last_renew = now()
@@ -205,7 +200,7 @@ async def test_checklist_37_leader_stops_before_anyone_can_take_over() -> None:
     last_write = max(
         0.0, last_renew - 2 - 0.1
     )  # the last successful renewal was within a retry period
-    await wait_for(lambda: b.is_leader, timeout=60)
+    await until(lambda: b.is_leader, timeout=60)
     stopped, taken = timeline.first("a", "stop"), timeline.first("b", "start")
     assert stopped < taken, "the old leader must stop before the new one starts"
     assert stopped <= last_renew + 10 + 0.1, "stopped within renew_deadline of its last renewal"
@@ -221,7 +216,7 @@ async def test_leader_that_sees_another_holder_stops_at_once() -> None:
     timeline = Timeline()
     a = elector(Link(server), "a")
     ta = asyncio.create_task(a.run(*timeline.callbacks("a")))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     lease = await server.get(NS, NAME)
     lease["spec"]["holderIdentity"] = "usurper"
     await server.update(NS, lease)
@@ -282,7 +277,7 @@ async def test_checklist_38_renewals_keep_transitions_and_acquire_time() -> None
     timeline = Timeline()
     a = elector(Link(server), "a")
     ta = asyncio.create_task(a.run(*timeline.callbacks("a")))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     first = dict(server.leases[(NS, NAME)]["spec"])
     await asyncio.sleep(30)
     later = server.leases[(NS, NAME)]["spec"]
@@ -300,14 +295,14 @@ async def test_cancel_releases_so_a_successor_need_not_wait() -> None:
     timeline = Timeline()
     a, b = elector(Link(server, seed=1), "a"), elector(Link(server, seed=2), "b")
     ta = asyncio.create_task(a.run(*timeline.callbacks("a")))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     tb = asyncio.create_task(b.run(*timeline.callbacks("b")))
     await asyncio.sleep(5)
     await stop(ta)
     released = now()
     assert server.leases[(NS, NAME)]["spec"]["holderIdentity"] == ""
     assert timeline.events[-1][1:] == ("a", "stop")
-    await wait_for(lambda: b.is_leader, timeout=15)
+    await until(lambda: b.is_leader, timeout=15)
     assert timeline.first("b", "start") - released <= 2 * (1 + 1.2) + 0.5
     await stop(tb)
 
@@ -366,7 +361,7 @@ async def test_started_callback_may_return_at_once_and_leading_goes_on() -> None
 
     a = elector(Link(server), "a")
     task = asyncio.create_task(a.run(*timeline.callbacks("a", quick)))
-    await wait_for(lambda: a.is_leader, timeout=5)
+    await until(lambda: a.is_leader, timeout=5)
     rv = int(server.leases[(NS, NAME)]["metadata"]["resourceVersion"])
     await asyncio.sleep(60)
     assert a.is_leader and not task.done()

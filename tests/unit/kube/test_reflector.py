@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 
 import pytest
 import structlog
@@ -37,6 +38,7 @@ from tests.doubles.scripted import (
     list_response,
     pod,
 )
+from tests.fixtures.waiting import until as until_
 
 pytestmark = pytest.mark.looptime
 
@@ -58,13 +60,8 @@ async def running(reflector: Reflector) -> AsyncIterator[asyncio.Task[None]]:
             await task
 
 
-async def until(cond: Callable[[], bool], timeout: float = 700.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+# Fake time: backoffs and watch timeouts pass in an instant, so the deadline is long.
+until = partial(until_, timeout=700.0, interval=0.05)
 
 
 def now() -> float:
