@@ -68,6 +68,7 @@ realdeps:
 lint: $(BIN)/.installed
 	$(BIN)/ruff check bridge tests bench
 	$(BIN)/ruff format --check bridge tests bench
+	$(BIN)/lint-imports --no-cache
 
 types: $(BIN)/.installed
 	$(BIN)/mypy

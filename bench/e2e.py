@@ -69,6 +69,7 @@ from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.events import EventBuilder
 from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.emulator import Emulator
+from bridge.ground.nats import MSG_ID, JetStreamPublisher
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 from bridge.kube.listwatch import ListWatch
@@ -77,7 +78,7 @@ from bridge.service.tuning import Tuning
 from bridge.service.wiring import object_decoder
 from bridge.sinks.base import Sink
 from bridge.sinks.kafka import KafkaSink
-from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
+from bridge.sinks.nats import NatsSink
 
 SECTION = "End to end"
 RESOURCE_ID = "core/v1/pods"
@@ -152,7 +153,7 @@ async def _until(cond: Callable[[], bool], task: asyncio.Task[None], timeout: fl
 @dataclass
 class Timing:
     """Seconds from a phase's start to its last event's ack, and to the checkpoint
-    committed at the emulator's resourceVersion (``flushInterval`` and the commit after)."""
+    committed at the emulator's resourceVersion (``commitInterval`` and the commit after)."""
 
     acked: float
     committed: float

@@ -7,7 +7,7 @@ keys like ``team-042/web-0001234-7c9b6``) and reports the memory that stays:
 what tracemalloc counts as allocated by the fill, and the RSS growth after a
 GC. *dict record*: the slim record as it was (``{apiVersion, kind,
 metadata: {name, namespace, uid, resourceVersion}, fingerprint}``);
-*compact record*: ``bridge.kube.records.make_record`` (what the informer
+*compact record*: ``bridge.ground.records.make_record`` (what the informer
 caches now).
 """
 
@@ -63,7 +63,7 @@ def _dict_record(ns: str, name: str, uid: str, rv: str, fp: str) -> dict[str, An
 
 
 def child(mode: str, objects: int, trace: bool) -> dict[str, float]:
-    from bridge.kube.records import make_record
+    from bridge.ground.records import make_record
     from bridge.kube.store import Indexer
 
     store = Indexer()

@@ -71,7 +71,8 @@ def _pod(i: int, rv: int) -> dict[str, Any]:
 
 async def _build(store: CheckpointStore, objects: int) -> None:
     """The checkpoint of the first ``objects`` objects, and the watermark."""
-    from bridge.delivery.changes import Digest, Fingerprinter
+    from bridge.delivery.changes import Fingerprinter
+    from bridge.ground.digest import Digest
     from bridge.kube.objects import namespace_key
 
     fp = Fingerprinter()

@@ -25,9 +25,11 @@ from aiokafka import AIOKafkaProducer
 
 from bench._support import free_port, process
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
+from bridge.ground.envelope import Event
+from bridge.ground.nats import MSG_ID
 from bridge.sinks.kafka import KafkaSink
-from bridge.sinks.nats import MSG_ID, NatsSink
+from bridge.sinks.nats import NatsSink
 
 
 def make_events(n: int) -> list[Event]:

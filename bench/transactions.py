@@ -36,8 +36,8 @@ from aiokafka import AIOKafkaProducer
 from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bench.decode import make_pod
 from bridge.checkpoints.kafka import commit_records
-from bridge.delivery.changes import Digest
-from bridge.delivery.events import Event
+from bridge.ground.digest import Digest
+from bridge.ground.envelope import Event
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.kafka_transactions import KafkaTransactions
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench._support import BENCHMARKS_MD, cpu_model, update_benchmarks_md
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.delivery.changes import UNCERTAIN, Digest
+from bridge.ground.digest import UNCERTAIN, Digest
 
 SIZES = (1, 500)
 

@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-import ssl
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from bridge.delivery.events import nats_token
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE
 from bridge.errors import SinkError, SinkUnavailableError
+from bridge.ground.envelope import HEARTBEAT_TYPE, ReceivedEvent, nats_token
 from bridge.logging import get_logger
 from bridge.service.settings import Settings
 
@@ -51,60 +47,6 @@ class ConsumerStats:
     heartbeats: int = 0
     other_resources: int = 0  # not the ``resource`` asked for
     skipped_reasons: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedEvent:
-    """One CloudEvent as read from the bus."""
-
-    id: str
-    type: str
-    source: str
-    subject: str
-    time: str
-    resource_version: str
-    initial: bool
-    data: dict[str, Any]
-    raw: bytes
-
-    @property
-    def change(self) -> str:
-        """``added`` | ``modified`` | ``deleted`` | ``filtered`` | ``snapshot``."""
-        return self.type.rsplit(".", 1)[-1]
-
-    @property
-    def kind(self) -> str:
-        return self.type.rsplit(".", 2)[-2]
-
-    @property
-    def object(self) -> dict[str, Any]:
-        obj = self.data.get("object")
-        return obj if isinstance(obj, dict) else {}
-
-    @classmethod
-    def parse(cls, raw: bytes) -> ReceivedEvent:
-        """Decode one structured-mode CloudEvent; ``ValueError`` when ``raw`` is not one."""
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"not JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise ValueError("not a CloudEvent: not a JSON object")
-        missing = [k for k in ("id", "type", "source") if not doc.get(k)]
-        if missing:
-            raise ValueError(f"not a CloudEvent: no {', '.join(missing)}")
-        data = doc.get("data")
-        return cls(
-            id=str(doc["id"]),
-            type=str(doc["type"]),
-            source=str(doc["source"]),
-            subject=str(doc.get("subject", "")),
-            time=str(doc.get("time", "")),
-            resource_version=str(doc.get("resourceversion", "")),
-            initial=doc.get("initial") is True,
-            data=data if isinstance(data, dict) else {},
-            raw=raw,
-        )
 
 
 class Deduplicator:
@@ -143,19 +85,11 @@ def _matches(event: ReceivedEvent, resource: str | None) -> bool:
     return event.type.startswith(f"io.k8s.{group or 'core'}.{version}.")
 
 
-def nats_tls(settings: Settings) -> ssl.SSLContext | None:
-    """The TLS context of ``sink.nats.tls``: the stream is read back as the sink connects."""
-    from bridge.sinks.nats import tls_context
-
-    tls = settings.sink.nats.tls
-    return tls_context(tls.ca, tls.cert, tls.key) if tls else None
-
-
 async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator[bytes, None]:
     import nats
     from nats.js.api import DeliverPolicy
 
-    from bridge.sinks.nats import close_quietly, connect
+    from bridge.ground.nats import close_quietly, connect
 
     n = settings.sink.nats
     where = ",".join(n.servers)
@@ -163,7 +97,7 @@ async def _nats_messages(settings: Settings, from_start: bool) -> AsyncGenerator
         n.servers,
         credentials=n.credentials,
         nkey_seed=n.nkey_seed,
-        tls=nats_tls(settings),
+        tls=settings.sink.nats.tls_context(),
         name="k8s-bridge-tail",
     )
     try:
@@ -191,8 +125,6 @@ async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerato
     from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaError
 
-    from bridge.sinks.kafka import connection_options
-
     k = settings.sink.kafka
     where = ",".join(k.bootstrap_servers)
     topics: tuple[str, ...] = ()
@@ -209,7 +141,7 @@ async def _kafka_messages(settings: Settings, from_start: bool) -> AsyncGenerato
         # Events of an aborted transaction (sink.kafka.exactlyOnce: a bridge killed
         # inside one) were never published; the same as read_uncommitted otherwise.
         isolation_level="read_committed",
-        **connection_options(k, "k8s-bridge-tail"),
+        **k.connection_options("k8s-bridge-tail"),
     )
     try:
         await consumer.start()
@@ -241,12 +173,11 @@ def _group_source(
     if kind == "kafka":
         from bridge.consuming.kafka_group import KafkaGroupSource
         from bridge.consuming.kafka_positions import KafkaTopicPositions
-        from bridge.sinks.kafka import connection_options
 
         k = settings.sink.kafka
         if positions is None:
             positions = KafkaTopicPositions(
-                connection_options(k, f"k8s-bridge-positions-{group}"), f"{group}.positions"
+                k.connection_options(f"k8s-bridge-positions-{group}"), f"{group}.positions"
             )
         return KafkaGroupSource(
             k,

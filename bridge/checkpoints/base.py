@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from bridge.delivery.changes import CERTAIN, Digest
-from bridge.kube.records import LooseRecord, PackedColumns, pack_state
+from bridge.ground.digest import CERTAIN, Digest
+from bridge.ground.records import LooseRecord, PackedColumns, pack_state
 
 
 @dataclass
@@ -64,7 +64,7 @@ class ProbedStore(Protocol):
 class BulkCheckpoint:
     """A checkpoint as a restart reads it. Nearly every row is certain and has no
     earlier incarnation: those come in the cache's own layout (``packed``: keys and
-    packed states, bridge/kube/records.py), so the store's bytes become the cache
+    packed states, bridge/ground/records.py), so the store's bytes become the cache
     without a record object per row; the few of them whose values do not pack are
     ``loose`` records; the others (uncertain, deleting, with earlier incarnations)
     come as digests.

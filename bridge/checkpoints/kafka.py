@@ -6,7 +6,7 @@ Records (keys and values are bytes; resource ids and object keys hold no NUL):
     d\\0<resource id>\\0<object key>   one per object digest: for a certain digest with
                                      no earlier incarnation whose values pack (nearly
                                      all), the 41 bytes of the cache's packed state
-                                     (bridge/kube/records.py: a zero flags byte, uid,
+                                     (bridge/ground/records.py: a zero flags byte, uid,
                                      fingerprint, resourceVersion); for any other, JSON
                                      [uid, resourceVersion, fingerprint, state, prior];
                                      a delete is the same key with no value (a tombstone)
@@ -54,13 +54,12 @@ from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.memory_records import MemoryRecords
 
 from bridge.checkpoints.base import BulkCheckpoint, Checkpoint
-from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError, ConfigError
-from bridge.kube.records import PACKED_WIDTH, PackedColumns, pack_state, unpack_state
-from bridge.sinks.kafka import connection_options
+from bridge.ground.digest import Digest
+from bridge.ground.records import PACKED_WIDTH, PackedColumns, pack_state, unpack_state
 
 if TYPE_CHECKING:
-    from bridge.service.settings import Settings
+    pass
 
 # The checkpoint topic's one partition (see the module's docstring).
 PARTITION = 0
@@ -279,24 +278,6 @@ class KafkaCheckpointStore:
         self._watermarks: dict[bytes, bytes | None] = {}
         # One commit at a time, in call order (the lock is first come, first served).
         self._writes = asyncio.Lock()
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, writer: RecordWriter | None = None
-    ) -> KafkaCheckpointStore:
-        if settings.sink.kind != "kafka":
-            raise ConfigError(
-                f"config error: checkpoint.kind: kafka keeps the checkpoint in the sink's Kafka"
-                f" cluster, but sink.kind is {settings.sink.kind!r}; use sqlite or nats-kv"
-            )
-        k = settings.checkpoint.kafka
-        return cls(
-            connection_options(settings.sink.kafka, "k8s-bridge-checkpoint"),
-            k.topic,
-            replication_factor=k.replication_factor,
-            timeout=k.timeout,
-            writer=writer,
-        )
 
     @property
     def where(self) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bridge.checkpoints.base import Checkpoint
-from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
+from bridge.ground.digest import Digest
 
 
 class MemoryCheckpointStore:

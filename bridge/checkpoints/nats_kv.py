@@ -41,9 +41,9 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from bridge.checkpoints.base import Checkpoint
-from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError, SinkError
-from bridge.sinks.nats import (
+from bridge.ground.digest import Digest
+from bridge.ground.nats import (
     JetStreamPublisher,
     Outgoing,
     PublishTimeout,

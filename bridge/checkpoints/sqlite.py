@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import orjson
 
 from bridge.checkpoints.base import BulkCheckpoint, Checkpoint
-from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
-from bridge.kube.records import pack_columns
+from bridge.ground.digest import Digest
+from bridge.ground.records import pack_columns
 
 T = TypeVar("T")
 

@@ -19,9 +19,9 @@ from typing import TextIO
 
 from bridge.aiotasks import cancel_and_wait
 from bridge.cli.stdio import EXIT_BROKEN_PIPE, discard_stdout
-from bridge.delivery.events import Event
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
+from bridge.ground.envelope import Event
 from bridge.logging import configure_logging
 from bridge.service.app import BridgeApp
 from bridge.service.settings import load_settings

@@ -36,7 +36,7 @@ async def nats_stream(n: NatsSettings, timeout: float) -> Durability | None:
     which no client can read: the line says so rather than guess."""
     import nats.js.errors
 
-    from bridge.sinks.nats import close_quietly, connect, tls_context
+    from bridge.ground.nats import close_quietly, connect, tls_context
 
     nc = await connect(
         n.servers,
@@ -84,10 +84,8 @@ async def kafka_topic(k: KafkaSettings, timeout: float) -> Durability:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    from bridge.sinks.kafka import connection_options
-
     admin = AIOKafkaAdminClient(
-        **connection_options(k, "k8s-bridge-check"), request_timeout_ms=int(timeout * 1000)
+        **k.connection_options("k8s-bridge-check"), request_timeout_ms=int(timeout * 1000)
     )
     await admin.start()
     try:

@@ -11,14 +11,23 @@ import io
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from bridge import __version__
-from bridge.cli.argtypes import OneLineParser, non_negative_float, non_negative_int, positive_float
 from bridge.cli.stdio import EXIT_BROKEN_PIPE, discard_stdout
 from bridge.errors import BridgeError, ConfigError
+
+if TYPE_CHECKING:
+    from bridge.service.settings import Settings
+
+from bridge.ground.argtypes import (
+    OneLineParser,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+)
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -152,6 +161,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config, _overrides(args))
     configure_logging(settings.logging.format, settings.logging.level)
+    warn_deprecated(settings)
 
     # Process-wide, so made here and nowhere else: an app built elsewhere (tests,
     # benchmarks) runs on the interpreter's defaults.
@@ -165,6 +175,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_until_signal(main)
 
 
+def warn_deprecated(settings: Settings) -> None:
+    """One warning line per deprecated key the configuration still uses."""
+    from bridge.logging import get_logger
+
+    for line in settings.checkpoint.deprecations():
+        get_logger("bridge.config").warning(line)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from bridge.service.settings import load_settings, settings_json_schema
 
@@ -173,7 +191,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     if args.config_command == "validate":
-        load_settings(args.config)
+        settings = load_settings(args.config)
+        for line in settings.checkpoint.deprecations():
+            print(f"{args.config}: warning: {line}", file=sys.stderr)
         print(f"{args.config}: ok")
         return 0
     print("usage: k8s-bridge config {schema,validate}", file=sys.stderr)

@@ -29,10 +29,12 @@ from typing import TextIO
 from bridge.checkpoints.base import Checkpoint, CheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.cli.stored import AckedCounter, JetStreamCounter, StoredCounter
-from bridge.delivery.changes import GONE, Change, ChangeDetector, ChangeKind, object_from_digest
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, object_from_digest
+from bridge.delivery.events import EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.errors import ConfigError, ExpiredError, TooLargeResourceVersionError, status_error
+from bridge.ground.digest import GONE
+from bridge.ground.envelope import Event
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.listwatch import ListWatch
@@ -105,7 +107,6 @@ class _RunPublisher:
 def _stored_counter(settings: Settings, suffix: str) -> StoredCounter:
     if settings.sink.kind != "nats":
         return AckedCounter()
-    from bridge.consumer import nats_tls
 
     n = settings.sink.nats
     return JetStreamCounter(
@@ -114,7 +115,7 @@ def _stored_counter(settings: Settings, suffix: str) -> StoredCounter:
         suffix,
         credentials=n.credentials,
         nkey_seed=n.nkey_seed,
-        tls=nats_tls(settings),
+        tls=settings.sink.nats.tls_context(),
     )
 
 

@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from bridge.errors import SinkUnavailableError
-from bridge.sinks.nats import MSG_ID, close_quietly, connect
+from bridge.ground.nats import MSG_ID, close_quietly, connect
 
 
 class StoredCounter(Protocol):

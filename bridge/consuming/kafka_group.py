@@ -58,14 +58,13 @@ class KafkaGroupSource(ConsumerRebalanceListener):
         client_id: str = "k8s-bridge-consumer",
         consumer_options: Mapping[str, Any] | None = None,
     ) -> None:
-        from bridge.sinks.kafka import connection_options
 
         self.k = k
         self.group = group
         self._positions = positions
         self.commit_interval = commit_interval
         self.max_records = max_records
-        self._options: dict[str, Any] = connection_options(k, client_id) | dict(
+        self._options: dict[str, Any] = k.connection_options(client_id) | dict(
             consumer_options or {}
         )
         self._from_start = from_start

@@ -34,8 +34,8 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from bridge.consuming.positions import BusPositions, Position
 from bridge.consuming.source import Incoming
-from bridge.delivery.events import nats_token
 from bridge.errors import SinkError, SinkUnavailableError
+from bridge.ground.envelope import nats_token
 from bridge.logging import get_logger
 
 if TYPE_CHECKING:
@@ -152,15 +152,14 @@ class NatsDurableSource:
         return self._js
 
     async def start(self) -> None:
-        from bridge.consumer import nats_tls
-        from bridge.sinks.nats import connect
+        from bridge.ground.nats import connect
 
         n = self.settings.sink.nats
         self._nc = await connect(
             n.servers,
             credentials=n.credentials,
             nkey_seed=n.nkey_seed,
-            tls=nats_tls(self.settings),
+            tls=self.settings.sink.nats.tls_context(),
             name=f"k8s-bridge-consumer-{self.group}",
         )
         self._js = self._nc.jetstream()
@@ -285,7 +284,7 @@ class NatsDurableSource:
                     except (nats.errors.Error, TimeoutError, KeyWrongLastSequenceError):
                         pass
             if self._nc is not None:
-                from bridge.sinks.nats import close_quietly
+                from bridge.ground.nats import close_quietly
 
                 await close_quietly(self._nc)
                 self._nc = None

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from bridge.errors import SinkUnavailableError
 
 if TYPE_CHECKING:
-    from bridge.consumer import ReceivedEvent
+    from bridge.ground.envelope import ReceivedEvent
 
 
 @dataclass(frozen=True, slots=True)

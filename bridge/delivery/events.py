@@ -1,4 +1,4 @@
-"""The event model and its CloudEvents 1.0 encoding (docs/events.md).
+"""Building events from changes (the envelope itself is bridge/ground/envelope.py).
 
 One ``Event`` per published change. Its ``id`` comes from the change alone,
 never from what the bridge remembers: ``{uid}:{resourceVersion}`` for an add
@@ -19,11 +19,8 @@ has ``_`` for its namespace token (``_`` is not a valid namespace name).
 
 from __future__ import annotations
 
-import re
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import jsonpatch
@@ -38,195 +35,21 @@ from bridge.delivery.changes import (
     transform_paths,
 )
 from bridge.delivery.views import compile_projection, select
+from bridge.ground.envelope import (
+    EncodedData,
+    Event,
+    UtcStamp,
+    held,
+    nats_token,
+    rfc3339,
+    utc_now,
+)
 from bridge.kube.objects import RawObject, meta
 
 REDACTED = "<redacted>"
 # kubectl apply keeps the whole applied manifest here, Secret values included.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _SECRET_VALUE_FIELDS = ("data", "stringData")
-SPECVERSION = "1.0"
-DATACONTENTTYPE = "application/json"
-CONTENT_TYPE = "application/cloudevents+json"
-
-_UNSAFE = re.compile(r"[%.*>\s\x00-\x1f\x7f]")
-
-
-def nats_token(value: str) -> str:
-    """Escape one NATS subject token (see the module docstring)."""
-    if not value:
-        return "_"
-    return _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", value)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def rfc3339(at: datetime) -> str:
-    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-class _UtcStamp:
-    """``rfc3339(_now())`` at a fifth of its cost: the text up to the second is
-    formatted once per second (the event time is stamped on every change)."""
-
-    __slots__ = ("_prefix", "_second")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-
-    def __call__(self) -> str:
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
-
-
-# Not frozen (treat it as immutable, ``replace`` makes variants): a frozen
-# dataclass's __init__ sets each field through object.__setattr__, several
-# times slower than a plain one, paid once per published change.
-@dataclass(slots=True)
-class Event:
-    """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``).
-
-    ``msg_id`` is the bus-level dedupe id (NATS ``Nats-Msg-Id``); empty means ``id``.
-    """
-
-    id: str
-    type: str
-    source: str
-    subject: str
-    time: str
-    resource_version: str
-    initial: bool
-    data: Mapping[str, Any]
-    nats_subject: str = ""
-    msg_id: str = ""
-    # The structured-mode JSON, encoded once when the event was decided (``sealed``).
-    encoded: bytes = b""
-
-    @property
-    def key(self) -> bytes:
-        """Kafka record key: the subject, so one object stays in one partition."""
-        return self.subject.encode()
-
-    @property
-    def headers(self) -> list[tuple[str, bytes]]:
-        """Kafka record headers (CloudEvents Kafka binding names)."""
-        return [
-            ("ce_id", self.id.encode()),
-            ("ce_type", self.type.encode()),
-            ("ce_source", self.source.encode()),
-            ("ce_subject", self.subject.encode()),
-        ]
-
-    @property
-    def deleted(self) -> bool:
-        return self.type.endswith(".deleted")
-
-    @property
-    def removes(self) -> bool:
-        """The object leaves consumers' views: deleted, or no longer matching the filter."""
-        return self.type.endswith((".deleted", ".filtered"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "specversion": SPECVERSION,
-            "id": self.id,
-            "type": self.type,
-            "source": self.source,
-            "subject": self.subject,
-            "time": self.time,
-            "datacontenttype": DATACONTENTTYPE,
-            "resourceversion": self.resource_version,
-            "initial": self.initial,
-            "data": self.data if isinstance(self.data, dict) else dict(self.data),
-        }
-
-    def to_json(self) -> bytes:
-        """Structured-mode CloudEvents 1.0 JSON."""
-        return self.encoded or orjson.dumps(self.to_dict())
-
-    def sealed(self) -> Event:
-        """The same event encoded now, its parsed ``data`` let go (decoded again if read).
-
-        A decided event waits for its ack (up to thousands of them); holding the
-        object's parsed tree for that long made every young collection of the
-        cyclic GC walk it. Its bytes are one untracked object, and the tree
-        dies as soon as the handler returns.
-        """
-        if self.encoded:
-            return self
-        encoded = _held(self.to_json())
-        return replace(self, data=_EncodedData(encoded), encoded=encoded)
-
-    def truncated(self) -> Event:
-        """The same event (same id) with ``data.object`` cut to its identifying
-        metadata and ``data.truncated: true``: what a bus that refuses the whole
-        event (too large) still takes."""
-        obj = self.data.get("object") or {}
-        md = obj.get("metadata") or {}
-        kept = {k: md[k] for k in _TRUNCATED_METADATA if k in md}
-        cut = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
-        data: dict[str, Any] = {"object": cut, "truncated": True}
-        if self.data.get("tombstone"):
-            data["tombstone"] = True
-        return replace(self, data=data, encoded=b"")
-
-
-def _held(encoded: bytes) -> bytes:
-    """``encoded`` in a bytes object of its own size, for one that waits for its ack.
-
-    orjson hands back its output buffer as is: a 3 KB event occupies ~8 KB, and
-    up to ``max_pending`` of them wait at once. The copy is cheap next to
-    building the event.
-    """
-    return memoryview(encoded).tobytes()
-
-
-class _EncodedData(Mapping[str, Any]):
-    """A sealed event's ``data``: decoded from the event's JSON on first read."""
-
-    __slots__ = ("_decoded", "_encoded")
-
-    def __init__(self, encoded: bytes) -> None:
-        self._encoded = encoded
-        self._decoded: dict[str, Any] | None = None
-
-    def _data(self) -> dict[str, Any]:
-        if self._decoded is None:
-            self._decoded = orjson.loads(self._encoded)["data"]
-        return self._decoded
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data())
-
-    def __len__(self) -> int:
-        return len(self._data())
-
-    def __repr__(self) -> str:
-        return repr(self._data())
-
-
-# What a truncated event keeps of the metadata: identity and the small fields
-# consumers route on, never annotations (they are what makes objects large).
-_TRUNCATED_METADATA = (
-    "name",
-    "namespace",
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "labels",
-    "ownerReferences",
-)
 
 
 def _masked(value: Any) -> Any:
@@ -283,7 +106,7 @@ class EventBuilder:
         include_old: bool = False,
         patch: bool = False,
         fields: list[str] | tuple[str, ...] = (),
-        clock: Callable[[], datetime] = _now,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.cluster = cluster
         self.group = group
@@ -295,7 +118,7 @@ class EventBuilder:
         self.patch = patch
         self._clock = clock
         self._stamp: Callable[[], str] = (
-            _UtcStamp() if clock is _now else (lambda: rfc3339(clock()))
+            UtcStamp() if clock is utc_now else (lambda: rfc3339(clock()))
         )
         # Namespaces repeat across events: their escaped tokens are kept (bounded).
         self._namespace_tokens: dict[str, str] = {}
@@ -412,8 +235,8 @@ class EventBuilder:
         )
         if sealed:
             # Encoded here, the event just made: the parsed object is let go with it.
-            event.encoded = _held(orjson.dumps(event.to_dict()))
-            event.data = _EncodedData(event.encoded)
+            event.encoded = held(orjson.dumps(event.to_dict()))
+            event.data = EncodedData(event.encoded)
         return event
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bridge.delivery.changes import FINGERPRINT_FIELD, Change, ChangeDetector, ChangeKind, Digest
+from bridge.delivery.changes import FINGERPRINT_FIELD, Change, ChangeDetector, ChangeKind
 from bridge.delivery.events import EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.delivery.notify import Notifier
 from bridge.delivery.outbox import Outbox
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
+from bridge.ground.digest import Digest
 from bridge.kube.objects import (
     CachedObject,
     DeletedFinalStateUnknown,

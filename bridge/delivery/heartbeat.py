@@ -36,14 +36,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from bridge.delivery.events import Event, nats_token, rfc3339
 from bridge.errors import SinkError
+from bridge.ground.envelope import HEARTBEAT_TYPE, Event, nats_token, rfc3339
 from bridge.logging import get_logger
 from bridge.sinks.base import Sink
 
 log = get_logger(__name__)
-
-HEARTBEAT_TYPE = "io.k8s.bridge.heartbeat"
 
 
 class HeartbeatSource(Protocol):

@@ -48,8 +48,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from bridge.delivery.changes import DELETING, GONE, UNCERTAIN, Digest
-from bridge.delivery.events import Event
+from bridge.ground.digest import DELETING, GONE, UNCERTAIN, Digest
+from bridge.ground.envelope import Event
 
 
 @dataclass(slots=True)

@@ -28,22 +28,23 @@ from collections.abc import Callable
 
 from bridge.aiotasks import cancel_and_wait, run_group
 from bridge.checkpoints.base import CheckpointStore
-from bridge.delivery.changes import ChangeDetector, Digest
+from bridge.delivery.changes import ChangeDetector
 from bridge.delivery.checkpointer import Checkpointer
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.delivery.handler import ChangeHandler
 from bridge.delivery.outbox import Outbox
 from bridge.delivery.publisher import Publisher, TransactionalSend
 from bridge.delivery.resume import resume
 from bridge.delivery.settings import PipelineSettings, PoisonPolicy
-from bridge.delivery.stats import PipelineStats
+from bridge.delivery.stats import PipelineMetrics, PipelineStats
 from bridge.errors import PoisonEventError
+from bridge.ground.digest import Digest
+from bridge.ground.envelope import Event
 from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
 from bridge.kube.protocols import ListerWatcher
 from bridge.logging import get_logger
-from bridge.service.metrics import Metrics
 from bridge.sinks.base import Sink
 
 __all__ = ["PipelineSettings", "PipelineStats", "PoisonPolicy", "ResourcePipeline"]
@@ -64,7 +65,7 @@ class ResourcePipeline:
         sink: Sink,
         checkpoints: CheckpointStore,
         settings: PipelineSettings | None = None,
-        metrics: Metrics | None = None,
+        metrics: PipelineMetrics | None = None,
         label: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         backoff: Callable[[], Backoff] | None = None,
@@ -112,7 +113,7 @@ class ResourcePipeline:
             backoff=backoff,
             label=label,
             clock=clock,
-            on_publish_latency=metrics.publish_latency.labels(sink=type(sink).__name__).observe
+            on_publish_latency=metrics.publish_latency_of(type(sink).__name__)
             if metrics is not None
             else None,
             transactional=transactional,

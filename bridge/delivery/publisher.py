@@ -24,14 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from bridge.aiotasks import run_group
-from bridge.delivery.changes import Digest
-from bridge.delivery.events import Event
 from bridge.delivery.notify import Notifier
 from bridge.delivery.outbox import Batch, Outbox
 from bridge.delivery.retry import retrying
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
 from bridge.errors import PoisonEventError, SinkUnavailableError
+from bridge.ground.digest import Digest
+from bridge.ground.envelope import Event
 from bridge.kube.backoff import Backoff
 from bridge.logging import get_logger
 from bridge.sinks.base import Sink

@@ -37,8 +37,8 @@ from bridge.checkpoints.base import (
     is_per_replica,
     watermark_of,
 )
-from bridge.delivery.changes import Digest
 from bridge.errors import ConfigError
+from bridge.ground.digest import Digest
 from bridge.kube.sharding import ShardField, ShardRange, shard_range
 from bridge.logging import get_logger
 

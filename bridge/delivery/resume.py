@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.checkpoints.base import CheckpointStore, load_bulk
-from bridge.delivery.changes import CERTAIN, GONE, Change, ChangeKind, Digest, object_from_digest
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.changes import Change, ChangeKind, object_from_digest
+from bridge.delivery.events import EventBuilder
 from bridge.delivery.outbox import Outbox
 from bridge.delivery.reshard import adopt_layout
+from bridge.ground.digest import CERTAIN, GONE, Digest
+from bridge.ground.envelope import Event
+from bridge.ground.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.objects import CachedObject
-from bridge.kube.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 
@@ -41,7 +43,7 @@ class Resumption:
     # The cache as the checkpoint left it, its few records that are not plain packed
     # ones; None: there was no checkpoint.
     records: list[CachedObject] | None = None
-    # ... and the many that are, as columns (bridge/kube/records.py).
+    # ... and the many that are, as columns (bridge/ground/records.py).
     packed: PackedColumns | None = None
     # Where the watch resumes; None: a list first.
     start_at: str | None = None

@@ -45,9 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, Digest
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.changes import Change, ChangeDetector, ChangeKind
+from bridge.delivery.events import EventBuilder
 from bridge.errors import SnapshotError
+from bridge.ground.digest import Digest
+from bridge.ground.envelope import Event
 from bridge.kube.objects import RawObject, meta, namespace_key
 from bridge.kube.protocols import ListerWatcher, ListOptions
 from bridge.logging import get_logger

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass
@@ -18,3 +20,12 @@ class PipelineStats:
     # plain counters on the hot path, carried over to Prometheus by the observer.
     by_type: Counter[str] = field(default_factory=Counter)
     poison: Counter[str] = field(default_factory=Counter)
+
+
+class PipelineMetrics(Protocol):
+    """What a pipeline reports as it goes, besides its counters: the service's
+    Prometheus metrics implement it (bridge/service/metrics.py)."""
+
+    def set_checkpoint(self, resource: str, resource_version: str) -> None: ...
+
+    def publish_latency_of(self, sink: str) -> Callable[[float], None]: ...

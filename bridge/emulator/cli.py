@@ -8,10 +8,10 @@ import signal
 import sys
 
 from bridge.aiotasks import cancel_and_wait
-from bridge.cli.argtypes import OneLineParser, positive_float
 from bridge.emulator.churn import ChurnGenerator
 from bridge.emulator.server import Emulator
 from bridge.errors import BridgeError, ConfigError, listen_error
+from bridge.ground.argtypes import OneLineParser, positive_float
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

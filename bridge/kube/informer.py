@@ -22,7 +22,7 @@ Notifications follow client-go's ``HandleDeltas``:
   ``obj`` may be a ``DeletedFinalStateUnknown`` whose ``obj`` is None.
 
 Slim mode keeps per key only what change detection needs (identity,
-resourceVersion and a fingerprint) as a compact record (bridge/kube/records.py,
+resourceVersion and a fingerprint) as a compact record (bridge/ground/records.py,
 ~100 B), so a large cluster costs little memory; the handler still receives the
 full new object, while ``old`` is the record.
 """
@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.aiotasks import run_group
+from bridge.ground.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.fifo import Delta, DeltaType, FIFOClosedError, RealFIFO
 from bridge.kube.objects import (
     CachedObject,
@@ -45,7 +46,6 @@ from bridge.kube.objects import (
     namespace_key,
     resource_version,
 )
-from bridge.kube.records import LooseRecord, PackedColumns, PackedRecord, make_record
 from bridge.kube.store import Indexer
 from bridge.logging import get_logger
 

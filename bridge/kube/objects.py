@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
-from bridge.kube.records import LooseRecord, PackedRecord
+from bridge.ground.records import LooseRecord, PackedRecord
 
 RawObject = dict[str, Any]
 
 # What an informer's cache holds per key: the object, or in slim mode its
-# compact record (bridge/kube/records.py).
+# compact record (bridge/ground/records.py).
 CachedObject = RawObject | PackedRecord | LooseRecord
 
 WatchEventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]

@@ -21,9 +21,9 @@ import builtins
 import operator
 from collections.abc import Callable, Iterable, Iterator
 
+from bridge.ground.records import PACKED_WIDTH, PackedColumns, PackedRecord
 from bridge.kube.objects import CachedObject, DeletedFinalStateUnknown, namespace_key
 from bridge.kube.packedtable import PackedTable, storable
-from bridge.kube.records import PACKED_WIDTH, PackedColumns, PackedRecord
 
 __all__ = ["Indexer"]
 

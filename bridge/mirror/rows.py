@@ -15,8 +15,7 @@ from typing import Any
 
 import orjson
 
-from bridge.consumer import ReceivedEvent
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE
+from bridge.ground.envelope import HEARTBEAT_TYPE, ReceivedEvent
 
 UPSERTS = frozenset({"added", "modified", "snapshot"})
 # ``filtered``: the object left its resource's view (docs/events.md): it leaves the

@@ -61,15 +61,13 @@ class KafkaSource:
         from aiokafka import AIOKafkaConsumer, TopicPartition
         from aiokafka.errors import KafkaError
 
-        from bridge.sinks.kafka import connection_options
-
         k = self.settings.kafka
         consumer = AIOKafkaConsumer(
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
             auto_offset_reset="earliest",
-            **connection_options(k, "k8s-bridge-mirror"),
+            **k.connection_options("k8s-bridge-mirror"),
         )
         where = ",".join(k.bootstrap_servers)
         try:
@@ -90,10 +88,8 @@ class KafkaSource:
         """The topic's partitions, as the brokers describe it now ([] while it does not exist)."""
         from aiokafka.admin import AIOKafkaAdminClient
 
-        from bridge.sinks.kafka import connection_options
-
         admin = AIOKafkaAdminClient(
-            **connection_options(self.settings.kafka, "k8s-bridge-mirror-admin")
+            **self.settings.kafka.connection_options("k8s-bridge-mirror-admin")
         )
         try:
             await admin.start()
@@ -152,7 +148,7 @@ class NatsSource:
         import nats
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
-        from bridge.sinks.nats import connect, tls_context
+        from bridge.ground.nats import connect, tls_context
 
         n = self.settings.nats
         where = ",".join(n.servers)
@@ -222,7 +218,7 @@ class NatsSource:
         await self._unsubscribe()
         nc, self._nc = self._nc, None
         if nc is not None:
-            from bridge.sinks.nats import close_quietly
+            from bridge.ground.nats import close_quietly
 
             await close_quietly(nc)
 

@@ -52,9 +52,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from bridge.consumer import ReceivedEvent
 from bridge.consuming.positions import event_uid, rv_of
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE
+from bridge.ground.envelope import HEARTBEAT_TYPE, ReceivedEvent
 from bridge.logging import get_logger
 
 if TYPE_CHECKING:

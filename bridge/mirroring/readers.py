@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from bridge.consumer import ReceivedEvent
 from bridge.errors import SinkError
+from bridge.ground.envelope import ReceivedEvent
 from bridge.logging import get_logger
 
 if TYPE_CHECKING:
@@ -143,10 +143,9 @@ async def _read_to(
 
 
 async def kafka_reader(mirror: Mirror, state_table_topic: str | None) -> None:
-    from bridge.sinks.kafka import connection_options
 
     k = mirror.settings.sink.kafka
-    options = connection_options(k, "k8s-bridge-mirror")
+    options = k.connection_options("k8s-bridge-mirror")
     if "{" in k.topic:  # one topic per resource (their heartbeat topics start alike)
         pattern = "^" + re.escape(k.topic.split("{", 1)[0]) + ".*"
     else:
@@ -212,9 +211,8 @@ async def nats_reader(mirror: Mirror) -> None:
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    from bridge.consumer import nats_tls
-    from bridge.delivery.events import nats_token
-    from bridge.sinks.nats import close_quietly, connect
+    from bridge.ground.envelope import nats_token
+    from bridge.ground.nats import close_quietly, connect
 
     n = mirror.settings.sink.nats
     subject = f"k8s.{nats_token(mirror.settings.cluster.name)}.>"
@@ -222,7 +220,7 @@ async def nats_reader(mirror: Mirror) -> None:
         n.servers,
         credentials=n.credentials,
         nkey_seed=n.nkey_seed,
-        tls=nats_tls(mirror.settings),
+        tls=mirror.settings.sink.nats.tls_context(),
         name="k8s-bridge-mirror",
     )
     sub: Any = None

@@ -268,7 +268,7 @@ class BridgeApp:
             list_pace_seconds=s.informer.list_pace_seconds,
         )
         pipeline_settings = PipelineSettings(
-            flush_interval=s.checkpoint.flush_interval,
+            flush_interval=s.checkpoint.commit_interval,
             max_batch=s.sink.max_batch,
             linger=s.sink.linger,
             poison_policy=s.sink.poison_policy,

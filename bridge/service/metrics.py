@@ -6,6 +6,8 @@ in one process (tests, the demo) never share or collide on counters.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Publishing spans sub-millisecond stdout writes to multi-second broker stalls.
@@ -168,6 +170,10 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+
+    def publish_latency_of(self, sink: str) -> Callable[[float], None]:
+        """Records one publish's latency for ``sink`` (bound once per pipeline)."""
+        return self.publish_latency.labels(sink=sink).observe
 
     def set_checkpoint(self, resource: str, resource_version: str) -> None:
         """Record a stored checkpoint; non-numeric resourceVersions leave the gauge unchanged

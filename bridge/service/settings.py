@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import json
 import os
+import ssl
 import types
 import typing
 from collections.abc import Mapping
@@ -48,6 +49,8 @@ from pydantic_settings import (
 from bridge.delivery.filters import compile_filter
 from bridge.delivery.views import check_paths
 from bridge.errors import ConfigError
+from bridge.ground.kafka import connection_options
+from bridge.ground.nats import tls_context
 from bridge.kube.selectors import (
     SelectorError,
     normalize_field_selector,
@@ -236,6 +239,11 @@ class NatsSettings(_Section):
     nkey_seed: str | None = Field(default=None, description="Path to an NKey seed file")
     tls: NatsTlsSettings | None = None
 
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of ``tls`` (bridge/ground/nats.py): the checkpoint bucket,
+        ``check``, ``replay``, ``tail`` and the consumer connect as the sink does."""
+        return tls_context(self.tls.ca, self.tls.cert, self.tls.key) if self.tls else None
+
 
 class KafkaSslSettings(_Section):
     cafile: str | None = None
@@ -326,6 +334,22 @@ class KafkaSettings(_Section):
             return int(text)
         return value
 
+    def connection_options(self, client_id: str) -> dict[str, Any]:
+        """aiokafka's connection options for this cluster (bridge/ground/kafka.py): the
+        checkpoint store, ``check``, ``tail`` and the consumer reach the sink's
+        cluster the way the sink does."""
+        return connection_options(
+            self.bootstrap_servers,
+            client_id,
+            security_protocol=self.security_protocol,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_username=self.sasl_username,
+            sasl_password=self.sasl_password.get_secret_value() if self.sasl_password else None,
+            ssl_cafile=self.ssl.cafile if self.ssl else None,
+            ssl_certfile=self.ssl.certfile if self.ssl else None,
+            ssl_keyfile=self.ssl.keyfile if self.ssl else None,
+        )
+
 
 class SinkSettings(_Section):
     kind: Literal["nats", "kafka", "stdout"]
@@ -380,14 +404,49 @@ class CheckpointSettings(_Section):
         "rows of events on their way survive an OS crash or power loss; off, a power loss "
         "may drop them and the deletes of those objects made while down go unpublished",
     )
-    flush_interval: float = Field(
+    commit_interval: float = Field(
         default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
+    )
+    flush_interval: float | None = Field(
+        default=None,
+        gt=0,
+        description="Deprecated: the old name of commitInterval, still honoured",
+        json_schema_extra={"deprecated": True},
     )
     flush_events: int | None = Field(
         default=None,
         gt=0,
         description="Deprecated and ignored: events publish at once; see sink.maxBatch",
+        json_schema_extra={"deprecated": True},
     )
+
+    @model_validator(mode="after")
+    def _old_names(self) -> CheckpointSettings:
+        # The old key keeps working (a config written for an older release still
+        # runs), unless the new one is given too: then the new one wins.
+        if self.flush_interval is not None and "commit_interval" not in self.model_fields_set:
+            self.commit_interval = self.flush_interval
+        return self
+
+    def deprecations(self) -> list[str]:
+        """One line per deprecated key this section was given (logged at start)."""
+        lines = []
+        if self.flush_interval is not None:
+            lines.append(
+                "checkpoint.flushInterval is deprecated: it is the seconds between"
+                " checkpoint commits, now named checkpoint.commitInterval"
+                + (
+                    " (both are set: commitInterval wins)"
+                    if "commit_interval" in self.model_fields_set
+                    else ""
+                )
+            )
+        if self.flush_events is not None:
+            lines.append(
+                "checkpoint.flushEvents is deprecated and ignored: events are published as"
+                " they are decided, in batches of at most sink.maxBatch"
+            )
+        return lines
 
 
 class InformerSettings(_Section):

@@ -9,11 +9,12 @@ from collections.abc import Mapping, Sequence
 
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.changes import Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.delivery.publisher import SettledRows, TransactionalSend
 from bridge.delivery.views import fingerprinter_for
 from bridge.errors import ConfigError
+from bridge.ground.envelope import Event
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.listwatch import ListWatch
@@ -33,12 +34,43 @@ def build_sink(settings: Settings) -> Sink:
     if kind == "nats":
         from bridge.sinks.nats import NatsSink
 
-        return NatsSink.from_settings(settings.sink.nats)
+        n = settings.sink.nats
+        return NatsSink(
+            servers=n.servers,
+            stream=n.stream,
+            subjects=n.subjects,
+            create_stream=n.create_stream,
+            max_in_flight=n.max_in_flight,
+            credentials=n.credentials,
+            nkey_seed=n.nkey_seed,
+            tls_ca=n.tls.ca if n.tls else None,
+            tls_cert=n.tls.cert if n.tls else None,
+            tls_key=n.tls.key if n.tls else None,
+        )
     if kind == "kafka":
         from bridge.sinks.kafka import KafkaSink
 
-        sink = KafkaSink.from_settings(settings.sink.kafka)
-        if settings.sink.kafka.exactly_once:
+        k = settings.sink.kafka
+        sink = KafkaSink(
+            bootstrap_servers=k.bootstrap_servers,
+            topic=k.topic,
+            acks=k.acks,
+            enable_idempotence=k.enable_idempotence,
+            compression=k.compression,
+            linger_ms=k.linger_ms,
+            max_batch_size=k.max_batch_size,
+            max_request_size=k.max_request_size,
+            security_protocol=k.security_protocol,
+            sasl_mechanism=k.sasl_mechanism,
+            sasl_username=k.sasl_username,
+            sasl_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
+            ssl_cafile=k.ssl.cafile if k.ssl else None,
+            ssl_certfile=k.ssl.certfile if k.ssl else None,
+            ssl_keyfile=k.ssl.keyfile if k.ssl else None,
+            state_table=k.state_table,
+            heartbeat_topic=k.heartbeat_topic,
+        )
+        if k.exactly_once:
             from bridge.sinks.kafka_transactions import KafkaTransactions
 
             sink.transactions = KafkaTransactions(
@@ -82,9 +114,19 @@ def build_checkpoints(settings: Settings, sink: Sink | None = None) -> Checkpoin
     if kind == "kafka":
         from bridge.checkpoints.kafka import KafkaCheckpointStore
 
+        if settings.sink.kind != "kafka":
+            raise ConfigError(
+                f"config error: checkpoint.kind: kafka keeps the checkpoint in the sink's Kafka"
+                f" cluster, but sink.kind is {settings.sink.kind!r}; use sqlite or nats-kv"
+            )
         # The topic lives in the sink's Kafka cluster: the same credentials and TLS reach it.
-        return KafkaCheckpointStore.from_settings(
-            settings, writer=getattr(sink, "transactions", None)
+        c = settings.checkpoint.kafka
+        return KafkaCheckpointStore(
+            settings.sink.kafka.connection_options("k8s-bridge-checkpoint"),
+            c.topic,
+            replication_factor=c.replication_factor,
+            timeout=c.timeout,
+            writer=getattr(sink, "transactions", None),
         )
     raise ConfigError(
         f"config error: checkpoint.kind: {kind!r} is not one of sqlite, memory, nats-kv, kafka"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from bridge.delivery.events import Event
+from bridge.ground.envelope import Event
 
 
 @runtime_checkable

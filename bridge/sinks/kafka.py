@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +33,11 @@ from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from bridge.delivery.events import Event
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
+from bridge.ground.envelope import HEARTBEAT_TYPE, Event
+from bridge.ground.kafka import connection_options
 
 if TYPE_CHECKING:
-    from bridge.service.settings import KafkaSettings
     from bridge.sinks.kafka_transactions import KafkaTransactions
 
 _TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
@@ -80,29 +78,6 @@ def _retry_later(exc: BaseException) -> bool:
     """The bus cannot take it now (or another publish renewed the producer under
     this one): the whole batch is published again."""
     return isinstance(exc, (*_UNAVAILABLE, kerrors.ProducerClosed))
-
-
-def connection_options(k: KafkaSettings, client_id: str) -> dict[str, Any]:
-    """aiokafka's connection options from ``sink.kafka`` (servers, security, SASL, TLS):
-    the checkpoint store, ``check``'s admin client and ``tail`` reach the sink's
-    cluster the same way the sink does."""
-    options: dict[str, Any] = {
-        "bootstrap_servers": list(k.bootstrap_servers),
-        "security_protocol": k.security_protocol,
-        "client_id": client_id,
-    }
-    if k.sasl_mechanism:
-        options.update(
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_plain_username=k.sasl_username,
-            sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-        )
-    if k.ssl is not None or k.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=k.ssl.cafile if k.ssl else None)
-        if k.ssl is not None and k.ssl.certfile:
-            ctx.load_cert_chain(k.ssl.certfile, k.ssl.keyfile)
-        options["ssl_context"] = ctx
-    return options
 
 
 def event_coordinates(event: Event) -> dict[str, str]:
@@ -196,29 +171,25 @@ class KafkaSink:
         self._topics: dict[tuple[str, str], str] = {}
         self.state_table = state_table
         self.delivery_timeout = delivery_timeout
-        self._options: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
+        self._options: dict[str, Any] = connection_options(
+            self.bootstrap_servers,
+            "k8s-bridge",
+            security_protocol=security_protocol,
+            sasl_mechanism=sasl_mechanism,
+            sasl_username=sasl_username,
+            sasl_password=sasl_password,
+            ssl_cafile=ssl_cafile,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+        ) | {
             "acks": acks if acks == "all" else int(acks),
             "enable_idempotence": enable_idempotence,
             "compression_type": compression,
             "linger_ms": linger_ms,
             "max_batch_size": max_batch_size,
-            "security_protocol": security_protocol,
             "request_timeout_ms": request_timeout_ms,
             "max_request_size": max_request_size,
-            "client_id": "k8s-bridge",
         }
-        if sasl_mechanism:
-            self._options.update(
-                sasl_mechanism=sasl_mechanism,
-                sasl_plain_username=sasl_username,
-                sasl_plain_password=sasl_password,
-            )
-        if ssl_cafile or ssl_certfile or security_protocol in ("SSL", "SASL_SSL"):
-            ctx = ssl.create_default_context(cafile=ssl_cafile)
-            if ssl_certfile:
-                ctx.load_cert_chain(ssl_certfile, ssl_keyfile)
-            self._options["ssl_context"] = ctx
         self._producer: AIOKafkaProducer | None = None
         self._renewing = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
@@ -230,29 +201,6 @@ class KafkaSink:
         # (bridge/sinks/kafka_transactions.py); this producer then carries only
         # heartbeats, which no checkpoint covers.
         self.transactions: KafkaTransactions | None = None
-
-    @classmethod
-    def from_settings(cls, k: KafkaSettings) -> KafkaSink:
-        """The sink of a validated ``sink.kafka`` section (the defaults live there)."""
-        return cls(
-            bootstrap_servers=k.bootstrap_servers,
-            topic=k.topic,
-            acks=k.acks,
-            enable_idempotence=k.enable_idempotence,
-            compression=k.compression,
-            linger_ms=k.linger_ms,
-            max_batch_size=k.max_batch_size,
-            max_request_size=k.max_request_size,
-            security_protocol=k.security_protocol,
-            sasl_mechanism=k.sasl_mechanism,
-            sasl_username=k.sasl_username,
-            sasl_password=k.sasl_password.get_secret_value() if k.sasl_password else None,
-            ssl_cafile=k.ssl.cafile if k.ssl else None,
-            ssl_certfile=k.ssl.certfile if k.ssl else None,
-            ssl_keyfile=k.ssl.keyfile if k.ssl else None,
-            state_table=k.state_table,
-            heartbeat_topic=k.heartbeat_topic,
-        )
 
     @property
     def where(self) -> str:

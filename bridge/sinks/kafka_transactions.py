@@ -29,8 +29,8 @@ import aiokafka.errors as kerrors
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from bridge.delivery.events import Event
 from bridge.errors import CheckpointError, SinkError, SinkUnavailableError
+from bridge.ground.envelope import Event
 from bridge.logging import get_logger
 
 if TYPE_CHECKING:

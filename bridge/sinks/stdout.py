@@ -7,8 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from bridge.delivery.events import Event
 from bridge.errors import SinkUnavailableError
+from bridge.ground.envelope import Event
 
 
 class StdoutSink:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
-from bridge.delivery.events import Event
 from bridge.errors import SinkError, SinkUnavailableError
+from bridge.ground.envelope import Event
 
 
 class MemorySink:

@@ -34,8 +34,9 @@ from aiokafka import AIOKafkaConsumer
 
 from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
-from bridge.delivery.changes import CERTAIN, Fingerprinter
+from bridge.delivery.changes import Fingerprinter
 from bridge.errors import CheckpointError
+from bridge.ground.digest import CERTAIN
 from tests.e2e.bridge_process import BridgeProcess, kill9
 from tests.fixtures.waiting import until
 

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
+from bridge.ground.envelope import Event
 from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import cli, write_config
 from tests.fixtures.nats import NatsServer

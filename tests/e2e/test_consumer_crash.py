@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bridge.consumer import ReceivedEvent
 from bridge.emulator import Emulator
+from bridge.ground.envelope import ReceivedEvent
 from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kafka_sink, write_config
 from tests.e2e.crash_world import Target, World, kafka_events, seed, sqlite_settled
 from tests.fixtures.nats import NatsServer

@@ -22,8 +22,9 @@ import yaml
 from cloudevents.v1.http import from_json
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.emulator import Emulator
+from bridge.ground.envelope import Event
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
 from tests.e2e.bridge_process import BridgeProcess, changes, cli, jetstream_events, write_config

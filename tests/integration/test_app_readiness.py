@@ -52,7 +52,7 @@ def settings_for(kubeconfig: Path, **overrides: Any) -> Settings:
             {"apiVersion": "example.com/v1", "kind": "Widget"},
         ],
         "sink": {"kind": "stdout"},
-        "checkpoint": {"kind": "memory", "flushInterval": 0.05},
+        "checkpoint": {"kind": "memory", "commitInterval": 0.05},
         "server": {"host": "127.0.0.1", "port": 0},
     }
     raw.update(overrides)
@@ -352,7 +352,7 @@ async def test_a_checkpoint_store_unreachable_at_start_is_retried_not_ready(
     be reached yet is waited for, not ready naming the store, with one warning for
     one reason however many attempts it takes."""
     settings = pods_on_a_stopped_nats(
-        kubeconfig, emulator, nats_control, checkpoint={"kind": "nats-kv", "flushInterval": 0.05}
+        kubeconfig, emulator, nats_control, checkpoint={"kind": "nats-kv", "commitInterval": 0.05}
     )
     app = BridgeApp(settings)
     attempts = 0

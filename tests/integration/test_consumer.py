@@ -18,7 +18,8 @@ from aiokafka import AIOKafkaConsumer
 
 from bridge.consumer import Deduplicator, ReceivedEvent, consume
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
+from bridge.ground.envelope import Event
 from bridge.service.settings import Settings, load_settings
 from bridge.sinks.kafka import KafkaSink
 

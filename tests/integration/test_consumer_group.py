@@ -19,8 +19,9 @@ from aiokafka import AIOKafkaProducer
 
 from bridge.cli.tail import tail
 from bridge.consumer import LAST, ConsumerStats, ReceivedEvent, consume
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.errors import ConfigError
+from bridge.ground.envelope import Event
 from bridge.service.settings import Settings, load_settings
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink

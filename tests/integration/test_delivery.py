@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.delivery.changes import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
-from bridge.delivery.events import Event
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.emulator import Emulator
 from bridge.errors import CheckpointError
+from bridge.ground.digest import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
+from bridge.ground.envelope import Event
 from tests.doubles.memory_sink import MemorySink
 from tests.fixtures.pipeline import (
     FAST,

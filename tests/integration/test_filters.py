@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bridge.delivery.changes import UNCERTAIN, Digest
 from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
+from bridge.ground.digest import UNCERTAIN, Digest
 from tests.fixtures.pipeline import Harness, pod
 from tests.fixtures.waiting import until
 from tests.integration.test_delivery import running

@@ -11,8 +11,8 @@ import contextlib
 
 import pytest
 
-from bridge.delivery.changes import CERTAIN, UNCERTAIN
 from bridge.emulator import Emulator
+from bridge.ground.digest import CERTAIN, UNCERTAIN
 from tests.fixtures.pipeline import FAST, Harness, commit_cycles, pod
 from tests.fixtures.waiting import until
 

@@ -9,7 +9,8 @@ import pytest
 
 from bridge.cli.stored import JetStreamCounter
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
+from bridge.ground.envelope import Event
 from bridge.sinks.nats import NatsSink
 
 pytestmark = pytest.mark.integration

@@ -22,12 +22,12 @@ import orjson
 import pytest
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.delivery.events import Event
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE, Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.delivery.snapshot import take_snapshot
 from bridge.emulator import Emulator
-from bridge.kube.records import is_record, make_record
+from bridge.ground.envelope import HEARTBEAT_TYPE, Event
+from bridge.ground.records import is_record, make_record
 from bridge.sinks.nats import NatsSink
 from tests.doubles.memory_sink import MemorySink
 from tests.fixtures.pipeline import FAST, Harness, commit_cycles, pod

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import pytest
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.delivery.changes import DELETING, UNCERTAIN, Digest
-from bridge.delivery.events import Event
 from bridge.emulator import Emulator
+from bridge.ground.digest import DELETING, UNCERTAIN, Digest
+from bridge.ground.envelope import Event
 from tests.doubles.memory_sink import MemorySink
 from tests.fixtures.pipeline import Harness, pod
 from tests.fixtures.waiting import until

@@ -49,7 +49,7 @@ class PodBridge:
             kubeconfig=cluster.write_kubeconfig(tmp_path / "kubeconfig"),
             sink={"kind": "kafka", "kafka": kafka},
             resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns], **resource}],
-            checkpoint={"kind": "sqlite", "path": str(self.db), "flushInterval": 0.1},
+            checkpoint={"kind": "sqlite", "path": str(self.db), "commitInterval": 0.1},
         )
 
     def watermark(self, *, settled: bool = True) -> int:

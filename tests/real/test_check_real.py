@@ -43,7 +43,7 @@ def bridge_config(tmp_path: Path, kubeconfig: Path, namespace: str, **extra: Any
         "cluster": {"kubeconfig": str(kubeconfig), "name": "real"},
         "resources": [{"apiVersion": "v1", "kind": "ConfigMap", "namespaces": [namespace]}],
         "sink": {"kind": "stdout"},
-        "checkpoint": {"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 0.1},
+        "checkpoint": {"kind": "sqlite", "path": str(tmp_path / "state.db"), "commitInterval": 0.1},
         "server": {"host": "127.0.0.1", "port": free_port()},
         "leaderElection": {
             "enabled": True,

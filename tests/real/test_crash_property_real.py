@@ -78,7 +78,7 @@ def config(
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
         # The default cadence: a second of acknowledged events not yet committed as certain.
         checkpoint=checkpoint
-        or {"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 1.0},
+        or {"kind": "sqlite", "path": str(tmp_path / "state.db"), "commitInterval": 1.0},
     )
 
 
@@ -145,7 +145,7 @@ async def kafka_checkpoint_rounds(
             "transactionalIdPrefix": f"crash-{tag}",
         },
     }
-    checkpoint = {"kind": "kafka", "kafka": {"topic": checkpoint_topic}, "flushInterval": 1.0}
+    checkpoint = {"kind": "kafka", "kafka": {"topic": checkpoint_topic}, "commitInterval": 1.0}
     world = await crash_rounds(
         real_target(cluster, ns, random.Random(s + 1)),
         config(tmp_path, cluster, ns, sink, checkpoint),

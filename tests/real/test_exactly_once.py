@@ -19,7 +19,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bridge.delivery.events import Event
+from bridge.ground.envelope import Event
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.kafka_transactions import FencedError, KafkaTransactions
 from tests.e2e.bridge_process import BridgeProcess, write_config
@@ -178,7 +178,7 @@ async def test_a_bridge_killed_inside_a_transaction_publishes_its_events_once_af
             },
         },
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
-        checkpoint={"kind": "kafka", "kafka": {"topic": cp}, "flushInterval": 1.0},
+        checkpoint={"kind": "kafka", "kafka": {"topic": cp}, "commitInterval": 1.0},
     )
 
     def pods() -> list[Any]:

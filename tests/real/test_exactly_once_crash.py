@@ -104,7 +104,7 @@ async def test_kill9_inside_open_transactions_publishes_every_change_once(
                 "transactionalIdPrefix": f"eos-{tag}",
             },
         },
-        checkpoint={"kind": "kafka", "kafka": {"topic": cp_topic}, "flushInterval": 1.0},
+        checkpoint={"kind": "kafka", "kafka": {"topic": cp_topic}, "commitInterval": 1.0},
     )
     await make_topics(real_kafka.bootstrap, topic, cp_topic)
     for _ in range(INITIAL):

@@ -67,7 +67,7 @@ def replica(
                 "transactionalIdPrefix": f"ha-{tag}",
             },
         },
-        checkpoint={"kind": "kafka", "kafka": {"topic": f"ha-cp-{tag}"}, "flushInterval": 0.5},
+        checkpoint={"kind": "kafka", "kafka": {"topic": f"ha-cp-{tag}"}, "commitInterval": 0.5},
         leaderElection={
             "enabled": True,
             "namespace": ns,

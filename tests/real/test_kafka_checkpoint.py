@@ -27,8 +27,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from bridge.checkpoints.base import Checkpoint
 from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
-from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
 from bridge.errors import CheckpointError, ConfigError
+from bridge.ground.digest import CERTAIN, DELETING, UNCERTAIN, Digest
 from tests.e2e.bridge_process import BridgeProcess, cli, free_port, kill9, write_config
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.realkafka import KafkaBroker
@@ -247,7 +247,7 @@ def kafka_only_config(
         kubeconfig=cluster.write_kubeconfig(tmp_path / "kubeconfig"),
         sink={"kind": "kafka", "kafka": {"bootstrapServers": [bootstrap], "topic": events}},
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]}],
-        checkpoint={"kind": "kafka", "kafka": {"topic": checkpoints}, "flushInterval": 0.1},
+        checkpoint={"kind": "kafka", "kafka": {"topic": checkpoints}, "commitInterval": 0.1},
     )
 
 

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 
 from bridge.checkpoints.base import Checkpoint
 from bridge.checkpoints.kafka import PARTITION, KafkaCheckpointStore, commit_records, digest_of
-from bridge.delivery.changes import CERTAIN, UNCERTAIN, Digest
+from bridge.ground.digest import CERTAIN, UNCERTAIN, Digest
 from tests.fixtures.realkafka import KafkaBroker
 from tests.real.kafkabus import read_topic
 

@@ -93,7 +93,7 @@ class Setup:
                     "ignoreFields": ["status.conditions"],
                 }
             ],
-            checkpoint={"kind": "sqlite", "path": str(self.db), "flushInterval": 0.1},
+            checkpoint={"kind": "sqlite", "path": str(self.db), "commitInterval": 0.1},
             **extra,
         )
 

@@ -81,9 +81,9 @@ def replica(
 ) -> BridgeProcess:
     home = tmp_path / identity
     home.mkdir()
-    store: dict[str, Any] = {"kind": "nats-kv", "bucket": "k8s-bridge-ha", "flushInterval": 0.1}
+    store: dict[str, Any] = {"kind": "nats-kv", "bucket": "k8s-bridge-ha", "commitInterval": 0.1}
     if checkpoint == "sqlite":
-        store = {"kind": "sqlite", "path": str(tmp_path / "shared.db"), "flushInterval": 0.1}
+        store = {"kind": "sqlite", "path": str(tmp_path / "shared.db"), "commitInterval": 0.1}
     config = write_config(
         home / "bridge.yaml",
         kubeconfig=kubeconfig,

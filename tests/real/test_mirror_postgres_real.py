@@ -130,7 +130,7 @@ class KafkaBus:
     def bridge(self, name: str, d: Path) -> dict[str, Any]:
         kafka: dict[str, Any] = {"bootstrapServers": [self.bootstrap], "topic": self.topic}
         if not self.exactly_once:
-            checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "flushInterval": 0.2}
+            checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "commitInterval": 0.2}
             return {"sink": {"kind": "kafka", "kafka": kafka}, "checkpoint": checkpoint}
         kafka |= {"exactlyOnce": True, "transactionalIdPrefix": f"{self.topic}-{name}"}
         checkpoint = {"kind": "kafka", "kafka": {"topic": f"{self.topic}-cp-{name}"}}
@@ -181,7 +181,7 @@ class JetStreamBus:
         self.source = {"kind": "nats", "nats": {"servers": [self.url]}}
 
     def bridge(self, name: str, d: Path) -> dict[str, Any]:
-        checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "flushInterval": 0.2}
+        checkpoint = {"kind": "sqlite", "path": str(d / "state.db"), "commitInterval": 0.2}
         return {"sink": self.source, "checkpoint": checkpoint}
 
     def settled(self, name: str, d: Path, ns: str) -> Any:

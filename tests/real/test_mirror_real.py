@@ -219,7 +219,7 @@ async def test_a_mirror_of_jetstream_equals_the_api_server(
         sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
         resources=[{"apiVersion": "v1", "kind": "Pod", "namespaces": [kube_namespace],
                     "heartbeatInterval": 1}],
-        checkpoint={"kind": "sqlite", "path": str(tmp_path / "state.db"), "flushInterval": 0.1},
+        checkpoint={"kind": "sqlite", "path": str(tmp_path / "state.db"), "commitInterval": 0.1},
     )  # fmt: skip
     await equal_after_restarts(
         kube_cluster, kube_namespace, [BridgeProcess(config)],

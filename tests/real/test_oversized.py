@@ -101,7 +101,7 @@ async def test_oversized_events_meet_the_poison_policy_and_the_rest_arrive(
             {"apiVersion": "v1", "kind": "ConfigMap", "namespaces": [ns], "poisonPolicy": policy},
             {"apiVersion": "v1", "kind": "Pod", "namespaces": [ns]},
         ],
-        checkpoint={"kind": "sqlite", "path": str(db), "flushInterval": 0.1},
+        checkpoint={"kind": "sqlite", "path": str(db), "commitInterval": 0.1},
     )
     async with running(BridgeProcess(config)) as bridge:
         await bridge.wait_ready(60)

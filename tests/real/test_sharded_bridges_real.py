@@ -171,7 +171,7 @@ async def test_resharding_two_to_three_and_back_with_nats_kv_publishes_only_the_
     world = World(kube_cluster, [ns], random.Random(23))
     for _ in range(40):
         world.create()
-    checkpoint = {"kind": "nats-kv", "bucket": "reshard", "flushInterval": 0.1}
+    checkpoint = {"kind": "nats-kv", "bucket": "reshard", "commitInterval": 0.1}
     by: ShardField = "uid"
 
     def layout(shards: int, round: str) -> list[BridgeProcess]:

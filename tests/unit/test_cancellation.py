@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.delivery.events import Event
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
+from bridge.ground.envelope import Event
 from bridge.kube.liststream import _ReadAhead
 from tests.doubles.memory_sink import MemorySink
 from tests.unit.test_signals import Source

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from bridge.delivery.changes import (
     ChangeDetector,
     ChangeKind,
-    Digest,
     Fingerprinter,
     compile_ignore_paths,
     strip_paths,
     transform_paths,
 )
 from bridge.errors import ConfigError
+from bridge.ground.digest import Digest
 from bridge.kube.objects import DeletedFinalStateUnknown
 
 

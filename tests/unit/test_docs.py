@@ -13,7 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from bridge.cli.main import build_parser
-from bridge.consumer import ReceivedEvent
+from bridge.ground.envelope import ReceivedEvent
 from bridge.mirror.settings import load_mirror_settings
 from bridge.service.metrics import Metrics
 from bridge.service.settings import load_settings, settings_json_schema

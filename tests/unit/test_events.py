@@ -12,7 +12,8 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.v1.http import from_json
 
 from bridge.delivery.changes import Change, ChangeDetector, ChangeKind, Fingerprinter
-from bridge.delivery.events import LAST_APPLIED, REDACTED, EventBuilder, nats_token
+from bridge.delivery.events import LAST_APPLIED, REDACTED, EventBuilder
+from bridge.ground.envelope import nats_token
 from bridge.kube.objects import DeletedFinalStateUnknown
 
 FIXED = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bridge.delivery.changes import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
-from bridge.delivery.events import Event
 from bridge.delivery.outbox import Batch, Outbox
+from bridge.ground.digest import CERTAIN, DELETING, GONE, UNCERTAIN, Digest
+from bridge.ground.envelope import Event
 
 
 @dataclass

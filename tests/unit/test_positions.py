@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.consumer import ReceivedEvent
 from bridge.consuming.positions import Position, SqlitePositions, advanced, event_uid, is_new
+from bridge.ground.envelope import ReceivedEvent
 
 
 def ev(change: str, rv: int | str, uid: str = "u1") -> ReceivedEvent:

@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from bridge.cli.check import subject_matches
 from bridge.cli.main import main
 from bridge.cli.snapshot import control_url, summary
-from bridge.delivery.changes import UNCERTAIN, Digest
-from bridge.delivery.events import Event
-from bridge.delivery.heartbeat import HEARTBEAT_TYPE, HeartbeatBuilder, HeartbeatTarget
+from bridge.delivery.heartbeat import HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.outbox import Outbox
 from bridge.errors import ConfigError, SnapshotError
+from bridge.ground.digest import UNCERTAIN, Digest
+from bridge.ground.envelope import HEARTBEAT_TYPE, Event
 from bridge.service.control import StaticToken
 from bridge.service.health import HealthServer
 from bridge.service.settings import load_settings, settings_json_schema

@@ -21,8 +21,8 @@ from bridge.checkpoints.kafka import KafkaCheckpointStore
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.delivery.changes import CERTAIN, DELETING, UNCERTAIN, Digest
-from bridge.kube.records import LooseRecord, pack_state, unpack_state
+from bridge.ground.digest import CERTAIN, DELETING, UNCERTAIN, Digest
+from bridge.ground.records import LooseRecord, pack_state, unpack_state
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +203,7 @@ async def test_resource_ids_and_watermarks_of_every_committed_resource(make: Fac
 
 
 def _canonical(i: int) -> Digest:
-    """A digest as a real API server's object gives it: it packs (bridge/kube/records.py)."""
+    """A digest as a real API server's object gives it: it packs (bridge/ground/records.py)."""
     uid = str(uuid.UUID(int=(i + 1) * 0x9E3779B97F4A7C15_9E3779B97F4A7C15 % 2**128))
     return Digest(f"ns/p{i:05d}", uid, str(10**12 + i), f"{i * 0xFACE:032x}")
 

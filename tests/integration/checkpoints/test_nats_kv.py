@@ -10,8 +10,8 @@ import pytest
 
 from bridge.checkpoints import Checkpoint, CheckpointStore
 from bridge.checkpoints.nats_kv import NatsKvCheckpointStore, _enc
-from bridge.delivery.changes import Digest
 from bridge.errors import CheckpointError
+from bridge.ground.digest import Digest
 from tests.fixtures.nats import NatsServer, free_port
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,9 @@ from aiokafka import AIOKafkaConsumer
 from cloudevents.v1.http import from_json
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
+from bridge.ground.envelope import Event
 from bridge.sinks.kafka import KafkaSink
 from tests.fixtures.nats import free_port
 from tests.fixtures.realkafka import SASL_PASSWORD, SASL_USER, KafkaBroker

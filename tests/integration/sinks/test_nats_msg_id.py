@@ -10,8 +10,10 @@ import orjson
 import pytest
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
-from bridge.sinks.nats import MSG_ID, NatsSink
+from bridge.delivery.events import EventBuilder
+from bridge.ground.envelope import Event
+from bridge.ground.nats import MSG_ID
+from bridge.sinks.nats import NatsSink
 
 pytestmark = pytest.mark.integration
 

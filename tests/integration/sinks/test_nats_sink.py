@@ -17,9 +17,11 @@ from cloudevents.v1.http import from_json
 from nats.aio.client import Client
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
-from bridge.sinks.nats import MSG_ID, JetStreamPublisher, NatsSink
+from bridge.ground.envelope import Event
+from bridge.ground.nats import MSG_ID, JetStreamPublisher
+from bridge.sinks.nats import NatsSink
 from tests.fixtures.nats import NatsServer
 
 pytestmark = pytest.mark.integration

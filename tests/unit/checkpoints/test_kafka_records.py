@@ -21,9 +21,9 @@ from bridge.checkpoints.kafka import (
     digest_value,
     watermark_key,
 )
-from bridge.delivery.changes import UNCERTAIN, Digest
 from bridge.errors import CheckpointError, ConfigError
-from bridge.kube.records import pack_state
+from bridge.ground.digest import UNCERTAIN, Digest
+from bridge.ground.records import pack_state
 from bridge.service.settings import load_settings
 from bridge.service.wiring import build_checkpoints
 

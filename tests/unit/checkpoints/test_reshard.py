@@ -9,9 +9,9 @@ import pytest
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.delivery.changes import Digest
 from bridge.delivery.reshard import adopt_layout, holds, parse_id, sharded_id
 from bridge.errors import ConfigError
+from bridge.ground.digest import Digest
 from bridge.kube.sharding import ShardField, shard_range
 
 BASE = "core/v1/pods"

@@ -16,8 +16,8 @@ from bridge.checkpoints import Checkpoint, CheckpointStore
 from bridge.checkpoints.base import load_bulk
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.checkpoints.sqlite import SqliteCheckpointStore
-from bridge.delivery.changes import UNCERTAIN, Digest
 from bridge.errors import CheckpointError
+from bridge.ground.digest import UNCERTAIN, Digest
 
 
 def d(key: str, rv: str = "1", fp: str = "f") -> Digest:

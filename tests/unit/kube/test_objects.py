@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bridge.ground.records import make_record
 from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key
-from bridge.kube.records import make_record
 
 
 def test_each_object_gets_its_own_key_however_often_asked() -> None:

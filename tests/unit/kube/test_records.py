@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.delivery.changes import ChangeDetector, ChangeKind, Fingerprinter
-from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
-from bridge.kube.records import (
+from bridge.ground.records import (
     LooseRecord,
     PackedRecord,
     make_record,
@@ -18,6 +17,7 @@ from bridge.kube.records import (
     pack_state,
     unpack_state,
 )
+from bridge.kube.objects import DeletedFinalStateUnknown, namespace_key, resource_version
 from bridge.kube.store import Indexer
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.ground.records import PackedColumns, make_record
 from bridge.kube.objects import DeletedFinalStateUnknown, RawObject
-from bridge.kube.records import PackedColumns, make_record
 from bridge.kube.store import Indexer
 
 FP = "0123456789abcdef0123456789abcdef"

@@ -9,8 +9,9 @@ import pytest
 from cloudevents.v1.http import from_json
 
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
-from bridge.delivery.events import Event, EventBuilder
+from bridge.delivery.events import EventBuilder
 from bridge.errors import SinkError, SinkUnavailableError
+from bridge.ground.envelope import Event
 from bridge.sinks import Sink
 from bridge.sinks.stdout import StdoutSink
 from tests.doubles.memory_sink import MemorySink
