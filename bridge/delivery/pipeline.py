@@ -100,6 +100,9 @@ class ResourcePipeline:
             on_commit=functools.partial(metrics.set_checkpoint, label)
             if metrics is not None
             else None,
+            on_commit_seconds=metrics.checkpoint_commit.labels(resource=label).observe
+            if metrics is not None
+            else None,
             exclusive=exclusive,
         )
         self.publisher = Publisher(
@@ -113,6 +116,9 @@ class ResourcePipeline:
             label=label,
             clock=clock,
             on_publish_latency=metrics.publish_latency.labels(sink=type(sink).__name__).observe
+            if metrics is not None
+            else None,
+            on_batch_size=metrics.publish_batch_size.labels(resource=label).observe
             if metrics is not None
             else None,
             transactional=transactional,

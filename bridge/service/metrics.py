@@ -6,7 +6,9 @@ in one process (tests, the demo) never share or collide on counters.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 # Publishing spans sub-millisecond stdout writes to multi-second broker stalls.
 _LATENCY_BUCKETS = (
@@ -26,6 +28,34 @@ _LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+
+# Events per publish call: one event (a quiet cluster) up to the largest batch a sink takes.
+_BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+# The memory limit of the container, as cgroup v2 and then v1 publish it.
+_CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+# cgroup v1 says "no limit" with a huge number near 2**63 rounded to the page size.
+_NO_LIMIT_ABOVE = 2**62
+
+
+def cgroup_memory_limit(paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> int | None:
+    """The container's memory limit in bytes, None when there is none or no cgroup says."""
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            limit = int(text)
+        except ValueError:
+            continue
+        return limit if limit < _NO_LIMIT_ABOVE else None
+    return None
 
 
 class Metrics:
@@ -167,6 +197,87 @@ class Metrics:
             ["resource"],
             namespace=ns,
             registry=registry,
+        )
+        self._monitoring(registry, ns)
+
+    def _monitoring(self, registry: CollectorRegistry, ns: str) -> None:
+        """What the chart's alerts and dashboard (charts/k8s-bridge/files/) read beyond
+        the families above; docs/operations.md, "Alerts", says which alert reads which."""
+        # process_resident_memory_bytes, process_start_time_seconds, ...: a custom
+        # registry has no process collector of its own. It reads /proc at scrape time.
+        ProcessCollector(registry=registry)
+        self.memory_limit = Gauge(
+            "memory_limit_bytes",
+            "The container's memory limit (cgroup), absent when it has none",
+            namespace=ns,
+            registry=registry,
+        )
+        limit = cgroup_memory_limit()
+        if limit is None:
+            # A label-less gauge would show 0; no limit is no series.
+            registry.unregister(self.memory_limit)
+        else:
+            self.memory_limit.set(limit)
+        self.synced = Gauge(
+            "synced",
+            "1 once the resource's first list is handled (informer synced), else 0",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.watch_resource_version = Gauge(
+            "watch_resource_version",
+            "resourceVersion (numeric) the reflector last saw from the API server;"
+            " minus checkpoint_resource_version, how far the checkpoint is behind",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.unacknowledged = Gauge(
+            "unacknowledged",
+            "Events of the resource decided and not yet acknowledged by the sink",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        # The stall alert's gauge; the stall detection sets it (registered here so the
+        # alert's metric exists wherever the rules are checked against a scrape).
+        self.oldest_unacked_age = Gauge(
+            "oldest_unacked_age_seconds",
+            "Age of the oldest event handed to the sink and not yet acknowledged",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.producer_fenced = Counter(
+            "producer_fenced",
+            "Times a Kafka transactional producer of this replica was fenced (a newer"
+            " leader took its transactional id)",
+            namespace=ns,
+            registry=registry,
+        )
+        self.heartbeats_sent = Counter(
+            "heartbeats_sent",
+            "Heartbeat events the bus took",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.publish_batch_size = Histogram(
+            "publish_batch_size",
+            "Events per publish call to the sink",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.checkpoint_commit = Histogram(
+            "checkpoint_commit_seconds",
+            "Time to store one checkpoint commit (watermark and digests, all its steps)",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
         )
 
     def set_checkpoint(self, resource: str, resource_version: str) -> None:

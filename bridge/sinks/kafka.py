@@ -230,6 +230,9 @@ class KafkaSink:
         # (bridge/sinks/kafka_transactions.py); this producer then carries only
         # heartbeats, which no checkpoint covers.
         self.transactions: KafkaTransactions | None = None
+        # Times one of those producers was fenced (a newer leader took its id); the
+        # metric k8s_bridge_producer_fenced_total follows it.
+        self.fenced = 0
 
     @classmethod
     def from_settings(cls, k: KafkaSettings) -> KafkaSink:
