@@ -6,9 +6,12 @@ in one process (tests, the demo) never share or collide on counters.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Publishing spans sub-millisecond stdout writes to multi-second broker stalls.
 _LATENCY_BUCKETS = (
@@ -37,6 +40,7 @@ _CGROUP_MEMORY_LIMITS = (
     Path("/sys/fs/cgroup/memory.max"),
     Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
 )
+_MEMORY_LIMIT_HELP = "The container's memory limit (cgroup); no sample when it has none"
 # cgroup v1 says "no limit" with a huge number near 2**63 rounded to the page size.
 _NO_LIMIT_ABOVE = 2**62
 
@@ -56,6 +60,25 @@ def cgroup_memory_limit(paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> int 
             continue
         return limit if limit < _NO_LIMIT_ABOVE else None
     return None
+
+
+class MemoryLimitCollector(Collector):
+    """The container's memory limit, read from the cgroup at each scrape (an in-place
+    resize shows at once); the family is declared without a sample when there is none."""
+
+    def __init__(self, name: str, paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> None:
+        self.name = name
+        self.paths = paths
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)
+        limit = cgroup_memory_limit(self.paths)
+        if limit is not None:
+            family.add_metric([], limit)
+        return [family]
 
 
 class Metrics:
@@ -206,18 +229,7 @@ class Metrics:
         # process_resident_memory_bytes, process_start_time_seconds, ...: a custom
         # registry has no process collector of its own. It reads /proc at scrape time.
         ProcessCollector(registry=registry)
-        self.memory_limit = Gauge(
-            "memory_limit_bytes",
-            "The container's memory limit (cgroup), absent when it has none",
-            namespace=ns,
-            registry=registry,
-        )
-        limit = cgroup_memory_limit()
-        if limit is None:
-            # A label-less gauge would show 0; no limit is no series.
-            registry.unregister(self.memory_limit)
-        else:
-            self.memory_limit.set(limit)
+        registry.register(MemoryLimitCollector(f"{ns}_memory_limit_bytes"))
         self.synced = Gauge(
             "synced",
             "1 once the resource's first list is handled (informer synced), else 0",

@@ -105,6 +105,8 @@ class PipelineObserver:
     def _monitoring_bridge(self) -> None:
         """Heartbeats the bus took and producer fencings: counts kept by their owners."""
         for h in self.heartbeats:
+            # At 0 from the start: a bus that never takes one still shows (and alerts).
+            self.metrics.heartbeats_sent.labels(h.source.label)
             self._count(h.source.label, h.sent, self._heartbeats_sent, self.metrics.heartbeats_sent)
         fenced: int = getattr(self.sink, "fenced", 0)
         if fenced > self._fenced:
