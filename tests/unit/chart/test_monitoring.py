@@ -27,7 +27,7 @@ from tests.fixtures.realdeps import binary
 from tests.unit.chart.test_chart import CHART, ROOT, helm_env, run_helm
 
 sys.path.insert(0, str(ROOT / "tools" / "monitoring"))
-import dashboard  # noqa: E402
+import dashboard
 
 HERE = Path(__file__).resolve().parent
 UNIT_TESTS = HERE / "alerts_test.yaml"
@@ -148,6 +148,17 @@ def test_thresholds_labels_and_disabled_alerts_come_from_values() -> None:
     assert stalled["annotations"]["runbook_url"] == (
         "https://runbooks.example/k8s-bridge#k8sbridgestalled"
     )
+
+
+def test_the_operations_md_example_renders_both() -> None:
+    text = OPERATIONS.read_text().split("## Alerts and dashboard", 1)[1]
+    values = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    rule = render(values, "templates/prometheusrule.yaml")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    stalled = next(a for a in alerts(rule) if a["alert"] == "K8sBridgeStalled")
+    assert "> 600)" in stalled["expr"] and stalled["labels"]["team"] == "platform"
+    cm = render(values, "templates/dashboard.yaml")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 # --- the dashboard --------------------------------------------------------------------
