@@ -208,3 +208,12 @@ def test_every_dashboard_query_parses_with_promtool(
     out = promtool("check", "rules", "queries.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(rules)} rules found" in out.stdout
+
+
+def test_helm_lint_strict_is_clean_with_monitoring_on(tmp_path: Path) -> None:
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps({**MONITORING, "serviceMonitor": {"enabled": True}}))
+    out = run_helm(
+        binary("helm"), helm_env(tmp_path), "lint", "--strict", str(CHART), "-f", str(values)
+    )
+    assert out.returncode == 0 and "[WARNING]" not in out.stdout, out.stdout + out.stderr
