@@ -268,6 +268,9 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        # The sink's fencings already counted: the sink outlives each leadership term's
+        # observer, so what was carried over is kept here, beside the counter.
+        self.fenced_counted = 0
         self.heartbeats_sent = Counter(
             "heartbeats_sent",
             "Heartbeat events the bus took",

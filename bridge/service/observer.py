@@ -50,7 +50,6 @@ class PipelineObserver:
         self._client_filtered: dict[str, int] = {}
         self._synced: set[str] = set()
         self._heartbeats_sent: dict[str, int] = {}
-        self._fenced = 0
         self._started = clock()
         self._last_progress = clock()
 
@@ -109,9 +108,9 @@ class PipelineObserver:
             self.metrics.heartbeats_sent.labels(h.source.label)
             self._count(h.source.label, h.sent, self._heartbeats_sent, self.metrics.heartbeats_sent)
         fenced: int = getattr(self.sink, "fenced", 0)
-        if fenced > self._fenced:
-            self.metrics.producer_fenced.inc(fenced - self._fenced)
-            self._fenced = fenced
+        if fenced > self.metrics.fenced_counted:
+            self.metrics.producer_fenced.inc(fenced - self.metrics.fenced_counted)
+            self.metrics.fenced_counted = fenced
 
     def _sharding(self, p: ResourcePipeline) -> None:
         lw = p.lister

@@ -141,7 +141,9 @@ async def test_the_monitoring_objects_pass_a_server_side_dry_run(
 ) -> None:
     for c in CRDS:
         name = c["metadata"]["name"]
-        await until(lambda n=name: established(kube_cluster, n), 30, lambda: f"{name}")
+        await until(
+            lambda n=name: established(kube_cluster, n), 30, lambda n=name: f"{n} not established"
+        )
     ns = kube_namespace
     values = {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
