@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-# The real servers (kube-apiserver, etcd, kubectl, helm from the Go module
+# The real servers (kube-apiserver, etcd, kubectl, helm, promtool from the Go module
 # proxy; Apache Kafka from Maven Central), built once into a cache outside the
 # repository; see tools/realdeps/build.
 REALDEPS ?= $(or $(REALDEPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/k8s-bridge-realdeps)

@@ -49,6 +49,7 @@ class Checkpointer:
         label: str,
         clock: Callable[[], float] = time.monotonic,
         on_commit: Callable[[str], None] | None = None,
+        on_commit_seconds: Callable[[float], None] | None = None,
         exclusive: asyncio.Lock | None = None,
     ) -> None:
         self.resource_id = resource_id
@@ -61,6 +62,7 @@ class Checkpointer:
         self._clock = clock
         # Hears each committed watermark (the checkpoint gauge).
         self._on_commit = on_commit
+        self._on_commit_seconds = on_commit_seconds
         # Held while a commit reads its rows and stores them, when the sender's
         # transactions write rows too (sink.kafka.exactlyOnce): see commit_once.
         self._exclusive = exclusive
@@ -158,6 +160,7 @@ class Checkpointer:
         if commit is None:
             self._stats.last_commit = self._clock()
             return
+        started = time.perf_counter()
         try:
             # A transactional sender writes each batch's rows in its own transaction.
             # Rows read here and stored after a batch that a key's later decision
@@ -170,6 +173,8 @@ class Checkpointer:
         except BaseException:
             self.outbox.commit_failed(commit)
             raise
+        if self._on_commit_seconds is not None:
+            self._on_commit_seconds(time.perf_counter() - started)
         self.outbox.committed(commit)
         self._stats.flushes += 1
         self._stats.last_commit = self._clock()

@@ -101,6 +101,7 @@ class ResourcePipeline:
             on_commit=functools.partial(metrics.set_checkpoint, label)
             if metrics is not None
             else None,
+            on_commit_seconds=metrics.commit_seconds_of(label) if metrics is not None else None,
             exclusive=exclusive,
         )
         self.publisher = Publisher(
@@ -116,6 +117,7 @@ class ResourcePipeline:
             on_publish_latency=metrics.publish_latency_of(type(sink).__name__)
             if metrics is not None
             else None,
+            on_batch_size=metrics.batch_size_of(label) if metrics is not None else None,
             transactional=transactional,
             exclusive=exclusive,
         )

@@ -63,6 +63,7 @@ class Publisher:
         label: str,
         clock: Callable[[], float] = time.monotonic,
         on_publish_latency: Callable[[float], None] | None = None,
+        on_batch_size: Callable[[float], None] | None = None,
         transactional: TransactionalSend | None = None,
         exclusive: asyncio.Lock | None = None,
     ) -> None:
@@ -80,6 +81,7 @@ class Publisher:
         self._label = label
         self._clock = clock
         self._on_publish_latency = on_publish_latency
+        self._on_batch_size = on_batch_size
         self.healthy = True
         # When the bus last acknowledged a change (not an announcement), for heartbeats.
         self.last_change_at: float | None = None
@@ -161,6 +163,8 @@ class Publisher:
         """Publish until the bus answers; only "bus unavailable" is retried. With a
         transactional bus, ``batch``'s settled rows go in the same transaction."""
         started = time.perf_counter()
+        if self._on_batch_size is not None:
+            self._on_batch_size(len(events))
         transactional = self._transactional
         if transactional is not None:
             rows: SettledRows = batch.settled_rows if batch is not None else _no_rows

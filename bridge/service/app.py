@@ -162,6 +162,9 @@ class BridgeApp:
         self.client: KubeClient | None = None
         self.health: HealthServer | None = None
         self.leading = not settings.leader_election.enabled
+        # As its help says: 1 without leader election (this replica is the one that
+        # publishes), so "no leader" and the leader-only alerts hold either way.
+        self.metrics.leader.set(1 if self.leading else 0)
         self._sink_started = False
         self._api_error: str | None = None
         self._on_ready = on_ready
@@ -410,7 +413,10 @@ class BridgeApp:
             waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
         waiters.append(
             asyncio.create_task(
-                PipelineObserver(self.pipelines, self.metrics).run(), name="observer"
+                PipelineObserver(
+                    self.pipelines, self.metrics, heartbeats=self.heartbeats, sink=self.sink
+                ).run(),
+                name="observer",
             )
         )
         waiters.append(asyncio.create_task(self._probe_sink(), name="sink-probe"))

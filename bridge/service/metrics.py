@@ -6,9 +6,12 @@ in one process (tests, the demo) never share or collide on counters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Publishing spans sub-millisecond stdout writes to multi-second broker stalls.
 _LATENCY_BUCKETS = (
@@ -28,6 +31,54 @@ _LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+
+# Events per publish call: one event (a quiet cluster) up to the largest batch a sink takes.
+_BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+# The memory limit of the container, as cgroup v2 and then v1 publish it.
+_CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+_MEMORY_LIMIT_HELP = "The container's memory limit (cgroup); no sample when it has none"
+# cgroup v1 says "no limit" with a huge number near 2**63 rounded to the page size.
+_NO_LIMIT_ABOVE = 2**62
+
+
+def cgroup_memory_limit(paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> int | None:
+    """The container's memory limit in bytes, None when there is none or no cgroup says."""
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            limit = int(text)
+        except ValueError:
+            continue
+        return limit if limit < _NO_LIMIT_ABOVE else None
+    return None
+
+
+class MemoryLimitCollector(Collector):
+    """The container's memory limit, read from the cgroup at each scrape (an in-place
+    resize shows at once); the family is declared without a sample when there is none."""
+
+    def __init__(self, name: str, paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> None:
+        self.name = name
+        self.paths = paths
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)
+        limit = cgroup_memory_limit(self.paths)
+        if limit is not None:
+            family.add_metric([], limit)
+        return [family]
 
 
 class Metrics:
@@ -170,10 +221,91 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self._monitoring(registry, ns)
+
+    def _monitoring(self, registry: CollectorRegistry, ns: str) -> None:
+        """What the chart's alerts and dashboard (charts/k8s-bridge/files/) read beyond
+        the families above; docs/operations.md, "Alerts", says which alert reads which."""
+        # process_resident_memory_bytes, process_start_time_seconds, ...: a custom
+        # registry has no process collector of its own. It reads /proc at scrape time.
+        ProcessCollector(registry=registry)
+        registry.register(MemoryLimitCollector(f"{ns}_memory_limit_bytes"))
+        self.synced = Gauge(
+            "synced",
+            "1 once the resource's first list is handled (informer synced), else 0",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.watch_resource_version = Gauge(
+            "watch_resource_version",
+            "resourceVersion (numeric) the reflector last saw from the API server;"
+            " minus checkpoint_resource_version, how far the checkpoint is behind",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.unacknowledged = Gauge(
+            "unacknowledged",
+            "Events of the resource decided and not yet acknowledged by the sink",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        # The stall alert's gauge; the stall detection sets it (registered here so the
+        # alert's metric exists wherever the rules are checked against a scrape).
+        self.oldest_unacked_age = Gauge(
+            "oldest_unacked_age_seconds",
+            "Age of the oldest event handed to the sink and not yet acknowledged",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.producer_fenced = Counter(
+            "producer_fenced",
+            "Times a Kafka transactional producer of this replica was fenced (a newer"
+            " leader took its transactional id)",
+            namespace=ns,
+            registry=registry,
+        )
+        # The sink's fencings already counted: the sink outlives each leadership term's
+        # observer, so what was carried over is kept here, beside the counter.
+        self.fenced_counted = 0
+        self.heartbeats_sent = Counter(
+            "heartbeats_sent",
+            "Heartbeat events the bus took",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.publish_batch_size = Histogram(
+            "publish_batch_size",
+            "Events per publish call to the sink",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.checkpoint_commit = Histogram(
+            "checkpoint_commit_seconds",
+            "Time to store one checkpoint commit (watermark and digests, all its steps)",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
 
     def publish_latency_of(self, sink: str) -> Callable[[float], None]:
         """Records one publish's latency for ``sink`` (bound once per pipeline)."""
         return self.publish_latency.labels(sink=sink).observe
+
+    def commit_seconds_of(self, resource: str) -> Callable[[float], None]:
+        """Records how long one checkpoint commit of ``resource`` took."""
+        return self.checkpoint_commit.labels(resource=resource).observe
+
+    def batch_size_of(self, resource: str) -> Callable[[float], None]:
+        """Records the size of one published batch of ``resource``."""
+        return self.publish_batch_size.labels(resource=resource).observe
 
     def set_checkpoint(self, resource: str, resource_version: str) -> None:
         """Record a stored checkpoint; non-numeric resourceVersions leave the gauge unchanged

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter as PromCounter
 
+from bridge.delivery.heartbeat import Heartbeat
 from bridge.delivery.pipeline import ResourcePipeline
 from bridge.logging import get_logger
 from bridge.service.metrics import Metrics
@@ -29,8 +30,12 @@ class PipelineObserver:
         *,
         progress_every: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        heartbeats: Sequence[Heartbeat] = (),
+        sink: object = None,
     ) -> None:
         self.pipelines = pipelines
+        self.heartbeats = heartbeats
+        self.sink = sink
         self.metrics = metrics
         self.progress_every = progress_every
         self._clock = clock
@@ -44,6 +49,7 @@ class PipelineObserver:
         self._read_aheads: dict[str, int] = {}
         self._client_filtered: dict[str, int] = {}
         self._synced: set[str] = set()
+        self._heartbeats_sent: dict[str, int] = {}
         self._started = clock()
         self._last_progress = clock()
 
@@ -78,6 +84,33 @@ class PipelineObserver:
             )
             self._count(p.label, p.filter_errors, self._filter_errors, self.metrics.filter_errors)
             self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
+            self._monitoring(p)
+        self._monitoring_bridge()
+
+    def _monitoring(self, p: ResourcePipeline) -> None:
+        """The per-resource gauges the chart's alerts and dashboard read."""
+        m = self.metrics
+        m.synced.labels(resource=p.label).set(1 if p.has_synced() else 0)
+        m.unacknowledged.labels(resource=p.label).set(p.unacknowledged())
+        reflector = p.informer.reflector if p.informer is not None else None
+        if reflector is not None:
+            try:
+                seen = int(reflector.last_sync_resource_version)
+            except ValueError:
+                # Opaque (empty before the first list): the gauge keeps its last value.
+                return
+            m.watch_resource_version.labels(resource=p.label).set(seen)
+
+    def _monitoring_bridge(self) -> None:
+        """Heartbeats the bus took and producer fencings: counts kept by their owners."""
+        for h in self.heartbeats:
+            # At 0 from the start: a bus that never takes one still shows (and alerts).
+            self.metrics.heartbeats_sent.labels(h.source.label)
+            self._count(h.source.label, h.sent, self._heartbeats_sent, self.metrics.heartbeats_sent)
+        fenced: int = getattr(self.sink, "fenced", 0)
+        if fenced > self.metrics.fenced_counted:
+            self.metrics.producer_fenced.inc(fenced - self.metrics.fenced_counted)
+            self.metrics.fenced_counted = fenced
 
     def _sharding(self, p: ResourcePipeline) -> None:
         lw = p.lister

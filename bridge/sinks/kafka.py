@@ -201,6 +201,9 @@ class KafkaSink:
         # (bridge/sinks/kafka_transactions.py); this producer then carries only
         # heartbeats, which no checkpoint covers.
         self.transactions: KafkaTransactions | None = None
+        # Times one of those producers was fenced (a newer leader took its id); the
+        # metric k8s_bridge_producer_fenced_total follows it.
+        self.fenced = 0
 
     @property
     def where(self) -> str:

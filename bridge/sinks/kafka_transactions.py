@@ -128,6 +128,7 @@ class TransactionalChannel:
         return producer
 
     def _fenced(self, exc: BaseException) -> FencedError:
+        self._sink.fenced += 1
         return FencedError(
             f"Kafka transactional id {self.transactional_id!r} was taken by another bridge"
             f" (a newer leader fenced this one): {exc!r}; this replica stops publishing"

@@ -95,3 +95,23 @@ async def test_filter_evaluation_errors_reach_prometheus(
         observer.sync_metrics()  # carried over once
         assert sample(registry, "k8s_bridge_filter_errors_total", resource=p.label) == 2
     assert harness.kinds() == [("added", "default/running")]
+
+
+def test_fencings_are_counted_once_across_leadership_terms() -> None:
+    """The sink outlives each term's observer: a new observer adds only new fencings."""
+
+    class Sink:
+        fenced = 0
+
+    sink, registry = Sink(), CollectorRegistry()
+    metrics = Metrics(registry)
+    first = PipelineObserver([], metrics, sink=sink)
+    sink.fenced = 1
+    first.sync_metrics()
+    first.sync_metrics()
+    # The next term: a new observer over the same sink and metrics.
+    PipelineObserver([], metrics, sink=sink).sync_metrics()
+    assert sample(registry, "k8s_bridge_producer_fenced_total") == 1
+    sink.fenced = 3
+    PipelineObserver([], metrics, sink=sink).sync_metrics()
+    assert sample(registry, "k8s_bridge_producer_fenced_total") == 3

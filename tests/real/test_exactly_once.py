@@ -18,8 +18,11 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from bridge.ground.envelope import Event
+from bridge.service.metrics import Metrics
+from bridge.service.observer import PipelineObserver
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.kafka_transactions import FencedError, KafkaTransactions
 from tests.e2e.bridge_process import BridgeProcess, write_config
@@ -118,6 +121,14 @@ async def test_a_new_holder_fences_the_old_and_aborts_its_open_transaction(
             await leader.publish([event("after", 3)], lambda _: [row("after", 3)])
             with pytest.raises(FencedError, match="taken by another bridge"):
                 await zombie.publish([event("late", 4)], lambda _: [row("late", 4)])
+            # What K8sBridgeProducerFenced reads: the fenced replica counts it, the new
+            # leader does not.
+            fenced = {}
+            for who, bus in (("old", old), ("new", new)):
+                registry = CollectorRegistry()
+                PipelineObserver([], Metrics(registry), sink=bus.sink).sync_metrics()
+                fenced[who] = registry.get_sample_value("k8s_bridge_producer_fenced_total")
+            assert fenced == {"old": 1.0, "new": 0.0}
         finally:
             with contextlib.suppress(Exception):
                 await killed.stop()

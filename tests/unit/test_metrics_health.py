@@ -6,16 +6,17 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.logging import configure_logging, get_logger
 from bridge.service.health import HealthServer
-from bridge.service.metrics import Metrics
+from bridge.service.metrics import MemoryLimitCollector, Metrics, cgroup_memory_limit
 
 FAMILIES = {
     "k8s_bridge_events_published",
@@ -184,3 +185,27 @@ def test_console_format_is_not_json() -> None:
     assert "visible" in text and "s3" not in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text.splitlines()[0])
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"memory.max": "536870912\n"}, 536870912),  # cgroup v2, limited
+        ({"memory.max": "max\n"}, None),  # cgroup v2, none
+        ({"memory.limit_in_bytes": "268435456\n"}, 268435456),  # cgroup v1, limited
+        ({"memory.limit_in_bytes": "9223372036854771712\n"}, None),  # cgroup v1, none
+        ({}, None),  # no cgroup files at all
+    ],
+)
+def test_the_memory_limit_is_the_cgroups_and_absent_without_one(
+    files: dict[str, str], limit: int | None, tmp_path: Path
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = (tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes")
+    assert cgroup_memory_limit(paths) == limit
+    registry = CollectorRegistry()
+    registry.register(MemoryLimitCollector("k8s_bridge_memory_limit_bytes", paths))
+    assert registry.get_sample_value("k8s_bridge_memory_limit_bytes") == limit
+    # Declared either way, so a query naming it finds the family.
+    assert "# TYPE k8s_bridge_memory_limit_bytes gauge" in generate_latest(registry).decode()

@@ -18,6 +18,30 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "charts" / "k8s-bridge" / "values.schema.json"
 
 
+# prometheusRule.thresholds: the placeholders of charts/k8s-bridge/files/alerts.yaml.
+_ALERT_DURATIONS = (
+    "downFor",
+    "notReadyFor",
+    "notSyncedFor",
+    "watchDownFor",
+    "checkpointLagFor",
+    "unacknowledgedWindow",
+    "stallFor",
+    "poisonWindow",
+    "fencedWindow",
+    "noLeaderFor",
+    "heartbeatsAbsentFor",
+    "memoryFor",
+)
+_ALERT_NUMBERS = (
+    "checkpointLagSeconds",
+    "checkpointLagResourceVersions",
+    "unacknowledgedMin",
+    "stallSeconds",
+    "memoryRatio",
+)
+
+
 def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "object", "properties": properties, **extra}
 
@@ -40,6 +64,8 @@ def build() -> dict[str, Any]:
     string = {"type": "string"}
     boolean = {"type": "boolean"}
     anything = {"type": "object"}
+    # A Prometheus duration: 90s, 15m, 1h30m.
+    duration = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "k8s-bridge chart values",
@@ -136,6 +162,27 @@ def build() -> dict[str, Any]:
                     "scrapeTimeout": string,
                     "labels": anything,
                 },
+                additionalProperties=False,
+            ),
+            "prometheusRule": _obj(
+                {
+                    "enabled": boolean,
+                    "labels": anything,
+                    "alertLabels": anything,
+                    "disabled": {"type": "array", "items": string},
+                    "runbookBaseUrl": string,
+                    "thresholds": _obj(
+                        {
+                            **{name: duration for name in _ALERT_DURATIONS},
+                            **{name: {"type": "number", "minimum": 0} for name in _ALERT_NUMBERS},
+                        },
+                        additionalProperties=False,
+                    ),
+                },
+                additionalProperties=False,
+            ),
+            "dashboard": _obj(
+                {"enabled": boolean, "labels": anything, "annotations": anything},
                 additionalProperties=False,
             ),
             "pdb": _obj(
