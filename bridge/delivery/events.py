@@ -1,21 +1,6 @@
-"""Building events from changes (the envelope itself is bridge/ground/envelope.py).
-
-One ``Event`` per published change. Its ``id`` comes from the change alone,
-never from what the bridge remembers: ``{uid}:{resourceVersion}`` for an add
-or a modification, ``{uid}:deleted`` for a delete (a uid is deleted once,
-whether the delete was seen by a watch or inferred from a relist). So two
-replicas, or a restart, give the same change the same id, and the bus (NATS
-duplicate window) or the consumer can drop a redelivery.
-
-NATS subject tokens: a token may not contain ``.``, ``*``, ``>`` or whitespace,
-and Kubernetes names and API groups do contain dots (``kube-root-ca.crt``,
-``example.com``). Tokens are percent-escaped, deterministically and
-reversibly: ``%`` → ``%25``, ``.`` → ``%2E``, ``*`` → ``%2A``, ``>`` → ``%3E``,
-and any whitespace or control character → ``%XX`` of its code point. ``%``
-cannot occur in a Kubernetes name, so a name that needs no escaping appears
-as is, and two different names never share a subject. A cluster-scoped object
-has ``_`` for its namespace token (``_`` is not a valid namespace name).
-"""
+"""Building events from changes: ids, subjects and the CloudEvents envelope are
+those of bridge/ground/envelope.py (docs/events.md); here the object is projected,
+redacted (Secret values, the last-applied annotation) and given its patch."""
 
 from __future__ import annotations
 
