@@ -232,39 +232,3 @@ class ListWatch:
             raise self._not_served(e) from e
         self._filter.judge(result.get("metadata"))
         return self._filter.honoured
-
-
-def list_watches_for(
-    client: KubeClient,
-    resource: ResourceInfo,
-    namespaces: list[str],
-    *,
-    label_selector: str = "",
-    field_selector: str = "",
-    decoder: ObjectDecoder | None = None,
-    shard: ShardRange | None = None,
-) -> list[ListWatch]:
-    """One ListWatch per namespace; an empty list (or a cluster-scoped kind) means one for all."""
-    if not namespaces or not resource.namespaced:
-        return [
-            ListWatch(
-                client,
-                resource,
-                label_selector=label_selector,
-                field_selector=field_selector,
-                decoder=decoder,
-                shard=shard,
-            )
-        ]
-    return [
-        ListWatch(
-            client,
-            resource,
-            namespace=ns,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            decoder=decoder,
-            shard=shard,
-        )
-        for ns in dict.fromkeys(namespaces)
-    ]

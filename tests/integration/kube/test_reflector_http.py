@@ -9,7 +9,7 @@ import pytest
 
 from bridge.emulator import Emulator
 from bridge.kube.client import KubeClient
-from bridge.kube.listwatch import ListWatch, list_watches_for
+from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import Reflector, ReflectorSettings
 from tests.doubles.scripted import RecordingStore
 from tests.fixtures.waiting import until
@@ -83,7 +83,9 @@ async def test_selectors_and_namespaces_go_to_the_server(
     emulator.create(pod_body("b", app="y"))
     emulator.create(pod_body("c", "ns2", app="x"))
     stores = []
-    lws = list_watches_for(client, PODS, ["default", "ns2"], label_selector="app=x")
+    lws = [
+        ListWatch(client, PODS, namespace=ns, label_selector="app=x") for ns in ("default", "ns2")
+    ]
     assert [lw.namespace for lw in lws] == ["default", "ns2"]
     reflectors = []
     for lw in lws:
