@@ -29,6 +29,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from enum import StrEnum
 from types import TracebackType
 from typing import Any, Literal
 
@@ -68,6 +69,78 @@ class _Listed:
     resource_version: str
     pages: int
     items: int
+
+
+class Phase(StrEnum):
+    """Where the reflector stands: what its next attempt does."""
+
+    RESUME = "resume"  # the store holds a checkpoint's state: take its RV and watch
+    STREAM = "stream"  # a streaming list (sendInitialEvents, KEP-3157)
+    LIST = "list"  # a (paginated) LIST
+    WATCH = "watch"  # a watch from the last synced RV
+
+
+class Happened(StrEnum):
+    """What an attempt came to."""
+
+    RESUMED = "resumed"
+    LISTED = "listed"
+    STREAMED = "streamed"  # the initial state streamed; the stream goes on as the watch
+    STREAM_RETRY = "stream_retry"  # 429 or a refused connection: wait, stream again
+    STREAM_EXPIRED = "stream_expired"  # 410: stream again at once, from ""
+    STREAM_UNSUPPORTED = "stream_unsupported"  # flag ignored, or 400/422: list instead
+    STREAM_FAILED = "stream_failed"  # 5xx, a broken stream: list this round
+    WATCH_UNOPENED = "watch_unopened"  # busy or away at open: wait, watch again
+    WATCH_ENDED = "watch_ended"  # closed, stalled, broken or throttled (``reason``)
+    FAILED = "failed"  # the round failed (410, 5xx, a short watch...): back off, relist
+    REJECTED = "rejected"  # a LIST that can never succeed: stop
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    happened: Happened
+    error: BaseException | None = None
+    reason: str = ""
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Where ``step`` sends the reflector: ``to`` next, after a backoff if ``wait``;
+    ``new_round`` counts a relist; ``stop`` raises the outcome's error."""
+
+    to: Phase = Phase.WATCH
+    wait: bool = False
+    retry_after: float | None = None
+    new_round: bool = False
+    stop: bool = False
+
+
+def step(phase: Phase, outcome: Outcome, *, streaming: bool) -> Move:
+    """The transition table of the reflector, in one place (client-go's ListAndWatch;
+    statement numbers of docs/informer-checklist.md). ``streaming``: whether a relist
+    streams (informer.watchList, and the server still doing it)."""
+    relist = Phase.STREAM if streaming else Phase.LIST
+    match outcome.happened:
+        case Happened.RESUMED | Happened.LISTED | Happened.STREAMED:
+            return Move(Phase.WATCH)
+        case Happened.STREAM_RETRY:
+            return Move(Phase.STREAM, wait=True, retry_after=outcome.retry_after)
+        case Happened.STREAM_EXPIRED:
+            return Move(Phase.STREAM)
+        case Happened.STREAM_UNSUPPORTED | Happened.STREAM_FAILED:
+            return Move(Phase.LIST)  # this round (checklist 18)
+        case Happened.WATCH_UNOPENED:
+            return Move(Phase.WATCH, wait=True, retry_after=outcome.retry_after)  # 10
+        case Happened.WATCH_ENDED:
+            # Checklist 7/13: re-watch at once from the last RV; a 429 waits first.
+            throttled = outcome.reason == "throttled"
+            return Move(Phase.WATCH, wait=throttled, retry_after=outcome.retry_after)
+        case Happened.FAILED:
+            # Checklist 8/9: back off, then relist (at the last RV, or "" after a 410).
+            return Move(relist, wait=True, retry_after=outcome.retry_after, new_round=True)
+        case Happened.REJECTED:
+            return Move(phase, stop=True)
 
 
 @dataclass(frozen=True)
@@ -206,6 +279,8 @@ class Reflector:
         # None: not tried yet; False: the server does not do streaming lists.
         self._watch_list_supported: bool | None = None
         self._relist_reason = "initial"
+        # The open stream a streaming list hands to the watch after it.
+        self._stream: tuple[AsyncIterator[WatchEvent], AsyncExitStack] | None = None
         self._synced = False
         self.relists: collections.Counter[str] = collections.Counter()
         # LIST answers (pages) the consumer was too slow for: past
@@ -305,34 +380,49 @@ class Reflector:
     # -- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        """ListAndWatch until cancelled; failures back off and retry, except a rejected LIST."""
+        """ListAndWatch until cancelled; failures back off and retry, except a rejected LIST.
+
+        Each turn attempts the current phase (its I/O), applies what happened to
+        the reflector's bookkeeping (health, logs, counters), and lets ``step``
+        (one pure function, the whole transition table) say where to go next and
+        whether to back off first. Backoff is done here, outside the phases.
+        """
         self.last_healthy = _loop_time()
         resync: asyncio.Task[None] | None = None
         if self._resync_period:
             resync = asyncio.create_task(self._resync_loop(), name=f"resync {self.name}")
         try:
+            phase = Phase.RESUME if self._start_rv is not None else self._relist_phase()
+            if phase is not Phase.RESUME:
+                self._begin_round()
             while True:
-                retry_after: float | None = None
-                try:
-                    await self._list_and_watch()
-                except ListRejectedError as e:
-                    self._failed(e)
-                    raise
-                except KubeError as e:
-                    self._relist_reason = _relist_reason(e)
-                    if isinstance(e, ApiStatusError):
-                        retry_after = e.retry_after
-                    if isinstance(e, ExpiredError | TooLargeResourceVersionError):
-                        # Checklist 8: a compacted RV is routine; the relist heals it.
-                        self._lost()
-                        self._log.info("relisting", error=str(e))
-                    else:
-                        self._failed(e)
-                await self._backoff.wait(retry_after)
+                outcome = await self._attempt(phase)
+                self._apply(outcome)
+                move = step(phase, outcome, streaming=self.uses_watch_list)
+                if move.stop:
+                    assert outcome.error is not None
+                    raise outcome.error
+                if move.wait:
+                    await self._backoff.wait(move.retry_after)
+                if move.new_round:
+                    self._begin_round()
+                phase = move.to
         finally:
+            if self._stream is not None:
+                _, held = self._stream
+                self._stream = None
+                await held.aclose()
             if resync is not None:
                 resync.cancel()
                 await asyncio.wait([resync])
+
+    def _relist_phase(self) -> Phase:
+        return Phase.STREAM if self.uses_watch_list else Phase.LIST
+
+    def _begin_round(self) -> None:
+        """A list or streamed list begins (not a resume): counted by why it was due."""
+        self.relists[self._relist_reason] += 1
+        self._relist_reason = "error"
 
     async def _resync_loop(self) -> None:
         assert self._resync_period
@@ -344,38 +434,73 @@ class Reflector:
                 except Exception as e:  # a store bug must not stop the reflector
                     self._log.error("resync failed", error=str(e))
 
-    async def _list_and_watch(self) -> None:
-        """One round: (list or streamed list or resume), then watch until a relist is due.
-
-        Returns when the watch ended in a way that needs a relist (checklist 8);
-        raises KubeError for failures.
-        """
+    async def _attempt(self, phase: Phase) -> Outcome:
+        """The phase's I/O; what happened, failures included, as an ``Outcome``."""
         try:
-            await self._list_then_watch()
+            if phase is Phase.RESUME:
+                # Resuming from a checkpoint: the store already holds that state.
+                self._last_sync_rv, self._start_rv = self._start_rv or "", None
+                return Outcome(Happened.RESUMED)
+            if phase is Phase.STREAM:
+                return await self._stream_list()
+            if phase is Phase.LIST:
+                try:
+                    await self._list()
+                except BadRequestError as e:
+                    raise ListRejectedError(f"the API server rejected the LIST: {e}") from e
+                return Outcome(Happened.LISTED)
+            return await self._watch_once()
+        except ListRejectedError as e:
+            return Outcome(Happened.REJECTED, e)
         except ForbiddenError as e:
             if self._synced:
-                raise
-            raise ListRejectedError(
+                return Outcome(Happened.FAILED, e, retry_after=e.retry_after)
+            rejected = ListRejectedError(
                 f"the API server forbids it: {e} (the RBAC rules must allow list and watch)"
-            ) from e
+            )
+            rejected.__cause__ = e
+            return Outcome(Happened.REJECTED, rejected)
+        except KubeError as e:
+            retry_after = e.retry_after if isinstance(e, ApiStatusError) else None
+            return Outcome(Happened.FAILED, e, retry_after=retry_after)
 
-    async def _list_then_watch(self) -> None:
-        async with AsyncExitStack() as stack:
-            events: AsyncIterator[WatchEvent] | None = None
-            if self._start_rv is not None:
-                # Resuming from a checkpoint: the store already holds that state.
-                self._last_sync_rv, self._start_rv = self._start_rv, None
-            else:
-                self.relists[self._relist_reason] += 1
-                self._relist_reason = "error"
-                if self.uses_watch_list:
-                    events = await self._watch_list(stack)
-                if events is None:
-                    try:
-                        await self._list()
-                    except BadRequestError as e:
-                        raise ListRejectedError(f"the API server rejected the LIST: {e}") from e
-            await self._watch(events, stack)
+    def _apply(self, outcome: Outcome) -> None:
+        """What an outcome changes in the reflector's bookkeeping: health, logs, counters."""
+        e = outcome.error
+        match outcome.happened:
+            case Happened.FAILED:
+                assert e is not None
+                self._relist_reason = _relist_reason(e)
+                if isinstance(e, ExpiredError | TooLargeResourceVersionError):
+                    # Checklist 8: a compacted RV is routine; the relist heals it.
+                    self._lost()
+                    self._log.info("relisting", error=str(e))
+                else:
+                    self._failed(e)
+            case Happened.REJECTED:
+                assert e is not None
+                self._failed(e)
+            case Happened.STREAM_RETRY:
+                assert e is not None
+                self._failed(e)
+                self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
+            case Happened.STREAM_EXPIRED:
+                self._rv_unavailable = True
+            case Happened.STREAM_UNSUPPORTED:
+                if self.settings.watch_list == "auto":
+                    self._watch_list_supported = False
+                self._log.info("streaming list unavailable, listing", error=str(e))
+            case Happened.STREAM_FAILED:
+                # A 5xx or a broken stream says nothing about support: list this round.
+                self._log.warning("streaming list failed, listing this time", error=str(e))
+            case Happened.WATCH_UNOPENED:
+                assert e is not None
+                self._failed(e)
+                self.watch_restarts[_restart_reason(e)] += 1
+            case Happened.WATCH_ENDED:
+                self.watch_restarts[outcome.reason] += 1
+            case _:
+                pass
 
     # -- LIST -------------------------------------------------------------
 
@@ -487,69 +612,60 @@ class Reflector:
 
     # -- streaming list (KEP-3157) ----------------------------------------
 
-    async def _watch_list(self, stack: AsyncExitStack) -> AsyncIterator[WatchEvent] | None:
-        """Stream the initial state; returns the open stream to keep watching on,
-        or None to fall back to LIST for this round (checklist 16-18).
+    async def _stream_list(self) -> Outcome:
+        """One streaming list attempt (checklist 16-18): the initial state into a
+        replacement, committed at the initial-events-end bookmark; its stream is
+        kept open for the watch that follows.
 
         As in client-go, a failed attempt falls back to LIST+WATCH for this round
         only, except that 429 and a refused connection wait and stream again, and
         a 410 streams again from "". Only a server that does not do streaming
         lists (it ignores the flag, or rejects it with 400/422) makes "auto" give
-        them up for good.
+        them up for good (``step`` holds these rules; here each failure is named).
         """
         auto = self.settings.watch_list == "auto"
-        while True:
-            rv = "" if (self._rv_unavailable or self._partial_relist) else self._last_sync_rv
-            options = WatchOptions(
-                resource_version=rv,
-                timeout_seconds=self._watch_timeout(),
-                allow_watch_bookmarks=True,
-                send_initial_events=True,
-                resource_version_match="NotOlderThan",
-            )
-            attempt = AsyncExitStack()
-            # A stream may wait for a slow consumer: the bus paces the initial state.
-            replacement = self._begin_replace(paced=True)
-            opened = False
-            try:
-                events = await attempt.enter_async_context(self._lw.watch(options))
-                opened = True
-                self._up()
-                bookmark_rv = await self._initial_events(events, auto, replacement)
-            except BaseException as e:
-                self._abandon(replacement)
-                await attempt.aclose()
-                if isinstance(e, TooManyRequestsError) or (
-                    isinstance(e, KubeConnectionError) and not opened
-                ):
-                    self._failed(e)
-                    self.watch_restarts["watch_list_" + _restart_reason(e)] += 1
-                    await self._backoff.wait(getattr(e, "retry_after", None))
-                    continue
-                if isinstance(e, ExpiredError | TooLargeResourceVersionError):
-                    self._rv_unavailable = True
-                    continue
-                if isinstance(e, _InitialEventsIgnored) or (
-                    isinstance(e, ApiStatusError) and e.code in (400, 422)
-                ):
-                    if auto:
-                        self._watch_list_supported = False
-                    self._log.info("streaming list unavailable, listing", error=str(e))
-                    return None
-                if isinstance(e, KubeError):
-                    # A 5xx or a broken stream says nothing about support: list this round.
-                    self._log.warning("streaming list failed, listing this time", error=str(e))
-                    return None
-                raise
-            stack.push_async_exit(attempt)
-            self._watch_list_supported = True
-            self._rv_unavailable = False
-            # Checklist 16: the replacement ends at the bookmark's RV; go on with this stream.
-            self._commit(replacement, bookmark_rv)
-            self._log.info(
-                "listed", mode="watch-list", items=self._fed, resource_version=bookmark_rv
-            )
-            return events
+        rv = "" if (self._rv_unavailable or self._partial_relist) else self._last_sync_rv
+        options = WatchOptions(
+            resource_version=rv,
+            timeout_seconds=self._watch_timeout(),
+            allow_watch_bookmarks=True,
+            send_initial_events=True,
+            resource_version_match="NotOlderThan",
+        )
+        attempt = AsyncExitStack()
+        # A stream may wait for a slow consumer: the bus paces the initial state.
+        replacement = self._begin_replace(paced=True)
+        opened = False
+        try:
+            events = await attempt.enter_async_context(self._lw.watch(options))
+            opened = True
+            self._up()
+            bookmark_rv = await self._initial_events(events, auto, replacement)
+        except BaseException as e:
+            self._abandon(replacement)
+            await attempt.aclose()
+            if isinstance(e, TooManyRequestsError) or (
+                isinstance(e, KubeConnectionError) and not opened
+            ):
+                return Outcome(
+                    Happened.STREAM_RETRY, e, retry_after=getattr(e, "retry_after", None)
+                )
+            if isinstance(e, ExpiredError | TooLargeResourceVersionError):
+                return Outcome(Happened.STREAM_EXPIRED, e)
+            if isinstance(e, _InitialEventsIgnored) or (
+                isinstance(e, ApiStatusError) and e.code in (400, 422)
+            ):
+                return Outcome(Happened.STREAM_UNSUPPORTED, e)
+            if isinstance(e, KubeError):
+                return Outcome(Happened.STREAM_FAILED, e)
+            raise
+        self._stream = (events, attempt)
+        self._watch_list_supported = True
+        self._rv_unavailable = False
+        # Checklist 16: the replacement ends at the bookmark's RV; go on with this stream.
+        self._commit(replacement, bookmark_rv)
+        self._log.info("listed", mode="watch-list", items=self._fed, resource_version=bookmark_rv)
+        return Outcome(Happened.STREAMED)
 
     async def _initial_events(
         self, events: AsyncIterator[WatchEvent], auto: bool, replacement: Replacement
@@ -598,61 +714,62 @@ class Reflector:
 
     # -- WATCH ------------------------------------------------------------
 
-    async def _watch(self, events: AsyncIterator[WatchEvent] | None, stack: AsyncExitStack) -> None:
+    async def _watch_once(self) -> Outcome:
+        """One watch, from the last RV (or the stream a streaming list left open),
+        consumed until it ends; how it ended is the outcome."""
         s = self.settings
         loop = asyncio.get_running_loop()
-        while True:
-            start = loop.time()
-            propagate = True
-            if events is None:
-                rv = self._last_sync_rv
-                # Synthetic ADDED events of a watch from ""/"0" come in no RV order.
-                propagate = rv not in ("", "0")
-                options = WatchOptions(
-                    resource_version=rv,
-                    timeout_seconds=self._watch_timeout(),
-                    allow_watch_bookmarks=True,
-                )
-                stack = AsyncExitStack()
-                try:
-                    events = await stack.enter_async_context(self._lw.watch(options))
-                except (KubeConnectionError, TooManyRequestsError) as e:
-                    # Checklist 10: the server is busy or away; our RV is still good.
-                    await stack.aclose()
-                    self._failed(e)
-                    self.watch_restarts[_restart_reason(e)] += 1
-                    await self._backoff.wait(getattr(e, "retry_after", None))
-                    continue
-                # Anything else (410, 5xx, 403...) ends the round: relist after backoff (checklist 9).
-                self._up()  # opened
-            watchdog = _Watchdog(s.idle_timeout, lambda: WatchStalledError("watch silent"))
-            reason = "closed"
-            retry_after: float | None = None
+        start = loop.time()
+        propagate = True
+        if self._stream is not None:
+            (events, stack), self._stream = self._stream, None
+        else:
+            rv = self._last_sync_rv
+            # Synthetic ADDED events of a watch from ""/"0" come in no RV order.
+            propagate = rv not in ("", "0")
+            options = WatchOptions(
+                resource_version=rv,
+                timeout_seconds=self._watch_timeout(),
+                allow_watch_bookmarks=True,
+            )
+            stack = AsyncExitStack()
             try:
-                async with watchdog:
-                    await self._consume(events, propagate, watchdog)
-            except WatchStalledError:
-                # Checklist 13: a silent connection; the RV is still good.
-                reason = "stalled"
-            except KubeConnectionError as e:
-                reason = "broken"
-                self._log.info("watch broke", error=str(e))
-            except TooManyRequestsError as e:
-                reason = "throttled"
-                retry_after = e.retry_after
-            finally:
+                events = await stack.enter_async_context(self._lw.watch(options))
+            except (KubeConnectionError, TooManyRequestsError) as e:
+                # Checklist 10: the server is busy or away; our RV is still good.
                 await stack.aclose()
-                events = None
-            if reason != "closed":
-                self._lost()
-            if watchdog.count == 0 and loop.time() - start < s.short_watch and reason != "stalled":
-                raise VeryShortWatchError(
-                    f"watch closed after {loop.time() - start:.3f}s with no events"
+                return Outcome(
+                    Happened.WATCH_UNOPENED, e, retry_after=getattr(e, "retry_after", None)
                 )
-            self.watch_restarts[reason] += 1
-            if reason == "throttled":
-                await self._backoff.wait(retry_after)
-            # Checklist 7: otherwise re-watch at once from the last RV.
+            except BaseException:
+                # Anything else (410, 5xx, 403...) ends the round (checklist 9).
+                await stack.aclose()
+                raise
+            self._up()  # opened
+        watchdog = _Watchdog(s.idle_timeout, lambda: WatchStalledError("watch silent"))
+        reason = "closed"
+        retry_after: float | None = None
+        try:
+            async with watchdog:
+                await self._consume(events, propagate, watchdog)
+        except WatchStalledError:
+            # Checklist 13: a silent connection; the RV is still good.
+            reason = "stalled"
+        except KubeConnectionError as e:
+            reason = "broken"
+            self._log.info("watch broke", error=str(e))
+        except TooManyRequestsError as e:
+            reason = "throttled"
+            retry_after = e.retry_after
+        finally:
+            await stack.aclose()
+        if reason != "closed":
+            self._lost()
+        if watchdog.count == 0 and loop.time() - start < s.short_watch and reason != "stalled":
+            raise VeryShortWatchError(
+                f"watch closed after {loop.time() - start:.3f}s with no events"
+            )
+        return Outcome(Happened.WATCH_ENDED, reason=reason, retry_after=retry_after)
 
     async def _consume(
         self, events: AsyncIterator[WatchEvent], propagate: bool, watchdog: _Watchdog
