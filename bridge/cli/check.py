@@ -20,6 +20,7 @@ from bridge.service.settings import (
     resources_for_shard,
 )
 from bridge.service.wiring import build_checkpoints, build_sink, list_watch
+from bridge.sinks.nats import subject_matches
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -275,17 +276,6 @@ async def _check_control_reviews(client: KubeClient, report: _Report) -> None:
             "create allowed on tokenreviews and subjectaccessreviews "
             "(server.controlAuth kubernetes)",
         )
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
 
 
 def _check_heartbeat(

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Protocol
 
 from bridge.aiotasks import run_group
 from bridge.delivery.changes import Digest
@@ -31,10 +32,11 @@ from bridge.delivery.outbox import Batch, Outbox
 from bridge.delivery.retry import retrying
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
-from bridge.errors import PoisonEventError, SinkUnavailableError
+from bridge.errors import PoisonEventError, SinkError, SinkUnavailableError
 from bridge.kube.backoff import Backoff
 from bridge.logging import get_logger
 from bridge.sinks.base import Sink
+from bridge.sinks.deadletter import DeadLetter, DeadLetterSink
 
 log = get_logger(__name__)
 
@@ -42,9 +44,18 @@ log = get_logger(__name__)
 # whose last event was refused (indices into the batch).
 SettledRows = Callable[[Collection[int]], tuple[list[Digest], list[str]]]
 
-# Publishes events together with their checkpoint rows, atomically; returns the
-# events refused for good, as ``Sink.publish`` does.
-TransactionalSend = Callable[[Sequence[Event], SettledRows], Awaitable[Mapping[int, str]]]
+
+class TransactionalSend(Protocol):
+    """Publishes events (then ``dead_letters``) together with their checkpoint rows,
+    atomically; returns what was refused for good, as ``Sink.publish`` does (an
+    index past the events is a dead letter's)."""
+
+    def __call__(
+        self,
+        events: Sequence[Event],
+        rows: SettledRows,
+        dead_letters: Sequence[DeadLetter] = (),
+    ) -> Awaitable[Mapping[int, str]]: ...
 
 
 class Publisher:
@@ -213,6 +224,8 @@ class Publisher:
             )
             if policy == "fail":
                 outcome = "failed"
+            elif policy == "deadLetter":
+                outcome, reason = await self._dead_letter(batch, i, refused, reason, later)
             elif later:
                 outcome = "superseded"  # a later event of the same object is on the bus
             elif policy == "truncate":
@@ -239,6 +252,75 @@ class Publisher:
                     f"{self._label}: the bus refused {event.subject} (event {event.id}) for good:"
                     f" {reason}; poisonPolicy is fail, so this resource stopped"
                 )
+
+    async def _dead_letter(
+        self, batch: Batch, i: int, refused: Mapping[int, str], reason: str, superseded: bool
+    ) -> tuple[str, str]:
+        """``poisonPolicy: deadLetter``: the refused event to the dead-letter destination,
+        and its truncated copy to the main stream (none when a later event of the same
+        object landed: it would arrive behind it). With a transactional bus both go in
+        one transaction with the object's checkpoint row. Returns (outcome, reason)."""
+        entry = batch.entries[i]
+        event = entry.event
+        letter = DeadLetter(event, reason)
+        main = [] if superseded else [event.truncated()]
+        transactional = self._transactional
+        if transactional is not None:
+            others = set(refused) - {i}
+
+            def key_rows(refused_now: Collection[int]) -> tuple[list[Digest], list[str]]:
+                if superseded or refused_now:
+                    return [], []  # the row stays as it was: the poison policy met it
+                upserts, deletes = batch.settled_rows(others)
+                return [r for r in upserts if r.key == entry.key], [
+                    k for k in deletes if k == entry.key
+                ]
+
+            def publish() -> Awaitable[Mapping[int, str]]:
+                assert transactional is not None
+                return transactional(main, key_rows, [letter])
+
+            outcome = await self._retrying(publish)
+            letter_refused = outcome.get(len(main))
+            main_refused = outcome.get(0) if main else None
+        else:
+            sink = self._sink
+            if not isinstance(sink, DeadLetterSink):
+                raise SinkError(f"{self._label}: poisonPolicy deadLetter, but the sink has none")
+
+            def publish_letter() -> Awaitable[Mapping[int, str]]:
+                assert isinstance(sink, DeadLetterSink)
+                return sink.publish_dead_letters([letter])
+
+            # The dead letter first: a crash before the truncated copy lands republishes
+            # both (the key's row is still the one written ahead), never loses the letter.
+            letter_refused = (await self._retrying(publish_letter)).get(0)
+            main_refused = (await self._send(main)).get(0) if main else None
+        if main and main_refused is None:
+            self._stats.published += 1
+            self._stats.by_type[_change_of(event)] += 1
+        if main_refused is not None:
+            reason = f"{reason}; truncated: {main_refused}"
+        if letter_refused is not None:
+            reason = f"{reason}; dead letter: {letter_refused}"
+            if superseded:
+                return "superseded", reason
+            return ("skipped" if main_refused is not None else "truncated"), reason
+        return "dead_lettered", reason
+
+    async def _retrying(
+        self, publish: Callable[[], Awaitable[Mapping[int, str]]]
+    ) -> Mapping[int, str]:
+        async with self._exclusive:
+            refused = await retrying(
+                publish,
+                retry_on=SinkUnavailableError,
+                what="publish",
+                health=self._health,
+                backoff=self._backoff(),
+                label=self._label,
+            )
+        return refused or {}
 
 
 def _no_rows(refused: Collection[int]) -> tuple[list[Digest], list[str]]:

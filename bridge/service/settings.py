@@ -133,7 +133,7 @@ class ResourceSettings(_Section):
     patch: bool = Field(
         default=False, description="Include an RFC 6902 patch from the previous object"
     )
-    poison_policy: Literal["truncate", "skip", "fail"] | None = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] | None = Field(
         default=None,
         description="What to do with an event the bus refuses for good (too large, not "
         "permitted); omitted: sink.poisonPolicy",
@@ -235,6 +235,24 @@ class NatsSettings(_Section):
     credentials: str | None = Field(default=None, description="Path to a .creds file")
     nkey_seed: str | None = Field(default=None, description="Path to an NKey seed file")
     tls: NatsTlsSettings | None = None
+    dead_letter_subject: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Subject of dead letters (poisonPolicy deadLetter): events the stream "
+        "refused, whole or cut to the server's max_payload; outside subjects, the bridge "
+        "creates stream '{stream}_DEAD_LETTERS' for it when createStream is on",
+    )
+
+    @field_validator("dead_letter_subject")
+    @classmethod
+    def _dead_letter_subject(cls, value: str | None) -> str | None:
+        if value is not None and (any(c in value for c in " \t*>") or ".." in value):
+            raise PydanticCustomError(
+                "keyed_error",
+                f"sink.nats.deadLetterSubject: {value!r} is not a plain NATS subject"
+                " (no spaces, wildcards or empty tokens)",
+            )
+        return value
 
 
 class KafkaSslSettings(_Section):
@@ -281,6 +299,13 @@ class KafkaSettings(_Section):
         min_length=1,
         description="Topic of heartbeat events (same placeholders as topic); omitted: "
         "'{topic}.heartbeats'",
+    )
+    dead_letter_topic: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Topic of dead letters (poisonPolicy deadLetter): events Kafka refused, "
+        "whole or cut to maxRequestSize, keyed like the event, with headers saying why; "
+        "with exactlyOnce in the same transaction as the truncated event",
     )
     exactly_once: bool = Field(
         default=False,
@@ -336,10 +361,12 @@ class SinkSettings(_Section):
         le=0.05,
         description="Seconds to wait for more events before publishing a batch",
     )
-    poison_policy: Literal["truncate", "skip", "fail"] = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] = Field(
         default="truncate",
         description="An event the bus refuses for good: truncate (publish it cut to its "
-        "metadata, same id), skip, or fail (stop that resource, not-ready)",
+        "metadata, same id), skip, fail (stop that resource, not-ready), or deadLetter "
+        "(truncate, and the whole event to sink.kafka.deadLetterTopic or "
+        "sink.nats.deadLetterSubject with headers saying why)",
     )
     nats: NatsSettings = Field(default_factory=NatsSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
@@ -589,6 +616,26 @@ class Settings(BaseSettings):
             problem = "sink.kafka.exactlyOnce: needs sink.kafka.enableIdempotence true"
         elif k.acks != "all":
             problem = f"sink.kafka.exactlyOnce: needs sink.kafka.acks all (it is {k.acks})"
+        if problem is not None:
+            raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @model_validator(mode="after")
+    def _dead_letters_have_a_destination(self) -> Settings:
+        policies = [("sink.poisonPolicy", self.sink.poison_policy)] + [
+            (f"resources[{i}].poisonPolicy", r.poison_policy) for i, r in enumerate(self.resources)
+        ]
+        key = next((k for k, p in policies if p == "deadLetter"), None)
+        if key is None:
+            return self
+        kind = self.sink.kind
+        problem = None
+        if kind == "stdout":
+            problem = f"{key}: deadLetter needs a kafka or nats sink (sink.kind is stdout)"
+        elif kind == "kafka" and self.sink.kafka.dead_letter_topic is None:
+            problem = f"{key}: deadLetter needs sink.kafka.deadLetterTopic"
+        elif kind == "nats" and self.sink.nats.dead_letter_subject is None:
+            problem = f"{key}: deadLetter needs sink.nats.deadLetterSubject"
         if problem is not None:
             raise PydanticCustomError("keyed_error", problem)
         return self

@@ -137,10 +137,12 @@ class TransactionalChannel:
         self,
         events: Sequence[Event],
         checkpoint: Callable[[Collection[int]], list[CheckpointRecord]],
+        extra: Sequence[_Record] = (),
     ) -> Mapping[int, str]:
-        """``events`` and their checkpoint records in one transaction; the events
-        the broker refused for good (index → reason) are left out of the one that
-        commits, and so are the records ``checkpoint(refused)`` leaves out."""
+        """``events``, then ``extra`` records (dead letters), and the checkpoint records
+        in one transaction; the events the broker refused for good (index → reason;
+        an index past the events is an ``extra`` record's) are left out of the one
+        that commits, and so are the records ``checkpoint(refused events)`` leaves out."""
         sink = self._sink
         refused: dict[int, str] = {}
         records: list[_Record] = []
@@ -155,13 +157,16 @@ class TransactionalChannel:
                     " may carry (sink.kafka.maxRequestSize)"
                 )
             records.append(record)
+        records.extend(extra)
         topic = self.checkpoint_topic
         n_events = len(events)
+        n_sent = len(records)
         # Records to send alone (a refusal is for a whole record batch, not one record).
         alone: set[int] = set()
         while True:
+            refused_events = [i for i in refused if i < n_events]
             rows: list[_Record] = [
-                (topic, key, value, []) for key, value in checkpoint(refused.keys())
+                (topic, key, value, []) for key, value in checkpoint(refused_events)
             ]
             failed = await self._transaction([*records, *rows], skip=refused, alone=alone)
             if not failed:
@@ -169,12 +174,17 @@ class TransactionalChannel:
             # Refused records: the transaction was aborted. A record refused alone is
             # refused for good; one refused with others goes again alone.
             for indices, exc in failed:
-                if any(i >= n_events for i in indices):
+                if any(i >= n_sent for i in indices):
                     raise CheckpointError(
                         f"Kafka refused a checkpoint record of topic {topic!r}: {exc!r}"
                     ) from exc
                 if len(indices) == 1:
-                    refused[indices[0]] = sink._refusal(events[indices[0]], exc)
+                    i = indices[0]
+                    refused[i] = (
+                        sink._refusal(events[i], exc)
+                        if i < n_events
+                        else f"topic {records[i][0]!r} refused the dead letter: {exc!r}"
+                    )
                 else:
                     alone.update(indices)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from bridge.delivery.events import Event
 from bridge.errors import SinkError, SinkUnavailableError
+from bridge.sinks.deadletter import DeadLetter
 
 
 class MemorySink:
@@ -30,6 +31,8 @@ class MemorySink:
         self.refuse = refuse
         self.events: list[Event] = []
         self.batches: list[list[Event]] = []
+        # poisonPolicy deadLetter: the dead letters taken, in order.
+        self.dead_letters: list[DeadLetter] = []
         self.available = True
         self.started = False
         self.closed = False
@@ -71,6 +74,12 @@ class MemorySink:
         self.batches.append(batch)
         self.events.extend(batch)
         return refused
+
+    async def publish_dead_letters(self, letters: Sequence[DeadLetter]) -> Mapping[int, str]:
+        if not self.available:
+            raise SinkUnavailableError("memory sink is unavailable")
+        self.dead_letters.extend(letters)
+        return {}
 
     async def ping(self) -> bool:
         return self.available and not self.closed
