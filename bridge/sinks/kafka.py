@@ -64,7 +64,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 # A batch refused with these was not refused for its records: the idempotent
 # producer's sequence numbers for its partition are out of step with the broker's
 # (a batch before it was refused, or the broker forgot the producer).
-_OUT_OF_STEP: tuple[type[BaseException], ...] = (
+OUT_OF_STEP: tuple[type[BaseException], ...] = (
     kerrors.OutOfOrderSequenceNumber,
     kerrors.UnknownProducerId,
     kerrors.InvalidProducerIdMapping,
@@ -489,7 +489,7 @@ class KafkaSink:
                 m > n and m not in failed and later == tp
                 for m, (later, _, _) in enumerate(submitted)
             )
-            if (len(indices) > 1 or isinstance(failure, _OUT_OF_STEP)) and not overtaken:
+            if (len(indices) > 1 or isinstance(failure, OUT_OF_STEP)) and not overtaken:
                 again.extend(indices)
             else:
                 for i in indices:
@@ -518,7 +518,7 @@ class KafkaSink:
                     except kerrors.KafkaError as exc:
                         error = self._translate(exc)
                         if isinstance(
-                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *_OUT_OF_STEP)
+                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *OUT_OF_STEP)
                         ) or isinstance(error, SinkUnavailableError):
                             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
                         if self._fatal(exc):
@@ -570,7 +570,7 @@ class KafkaSink:
                     except kerrors.KafkaError as exc:
                         error = self._translate(exc)
                         if isinstance(
-                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *_OUT_OF_STEP)
+                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *OUT_OF_STEP)
                         ) or isinstance(error, SinkUnavailableError):
                             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
                         if self._fatal(exc):

@@ -32,6 +32,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from bridge.delivery.events import Event
 from bridge.errors import CheckpointError, SinkError, SinkUnavailableError
 from bridge.logging import get_logger
+from bridge.sinks.kafka import OUT_OF_STEP
 
 if TYPE_CHECKING:
     from bridge.sinks.kafka import KafkaSink
@@ -265,6 +266,15 @@ class TransactionalChannel:
                         fut.exception()
             retry = [e for _, e in failed if not isinstance(e, _REFUSALS)]
             await self._abort(producer)
+            if len(retry) < len(failed):
+                # The producer numbered the refused batches, which the broker did not
+                # take: its sequence numbers for their partitions are out of step, and
+                # every later batch there fails as out of order (in this transaction
+                # and the next). A new producer (a new epoch) numbers afresh, and those
+                # batches go again with it.
+                await self._drop(producer)
+                retry = [e for e in retry if not isinstance(e, OUT_OF_STEP)]
+                failed = [(i, e) for i, e in failed if isinstance(e, _REFUSALS)]
             if retry:
                 raise SinkUnavailableError(
                     f"Kafka at {sink.where}: transaction of {self.transactional_id!r}"
