@@ -329,7 +329,10 @@ def _check_dead_letters(settings: Settings, report: _Report) -> None:
         sink = NatsSink.from_settings(settings.sink.nats)
         stream = sink.dead_letter_stream or sink.stream
         where = f"subject {sink.dead_letter_subject} (stream {stream})"
-    report.ok("dead letters", f"{which}: refused events go to {where}; their truncated copies to the main stream")
+    report.ok(
+        "dead letters",
+        f"{which}: refused events go to {where}; their truncated copies to the main stream",
+    )
 
 
 async def _check_sink(settings: Settings, report: _Report, timeout: float) -> bool:
