@@ -266,15 +266,15 @@ class Publisher:
         main = [] if superseded else [event.truncated()]
         transactional = self._transactional
         if transactional is not None:
-            others = set(refused) - {i}
+            # The key's row after this event, in the same transaction: a later event of
+            # the key refused too has its own, and a crash between them leaves the row
+            # at the last one that landed, so a restart republishes none of them.
+            row = None if superseded else batch.row_after(i)
 
             def key_rows(refused_now: Collection[int]) -> tuple[list[Digest], list[str]]:
-                if superseded or refused_now:
-                    return [], []  # the row stays as it was: the poison policy met it
-                upserts, deletes = batch.settled_rows(others)
-                return [r for r in upserts if r.key == entry.key], [
-                    k for k in deletes if k == entry.key
-                ]
+                if row is None or refused_now:
+                    return [], []  # the row stays as it was: nothing of the key landed
+                return [row], []
 
             def publish() -> Awaitable[Mapping[int, str]]:
                 assert transactional is not None
