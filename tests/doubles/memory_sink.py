@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
+import orjson
+
 from bridge.delivery.events import Event
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.sinks.deadletter import DeadLetter
+from tests.doubles.contract import assert_valid
 
 
 class MemorySink:
@@ -31,6 +34,9 @@ class MemorySink:
         self.refuse = refuse
         self.events: list[Event] = []
         self.batches: list[list[Event]] = []
+        # Every event taken is checked against the published schema (docs/contract/):
+        # the events of every scenario that publishes through this twin keep to it.
+        self.check_contract = True
         # poisonPolicy deadLetter: the dead letters taken, in order.
         self.dead_letters: list[DeadLetter] = []
         self.available = True
@@ -62,6 +68,9 @@ class MemorySink:
             raise self._error("memory sink told to fail")
         refused: dict[int, str] = {}
         batch = []
+        if self.check_contract:
+            for event in events:
+                assert_valid(orjson.loads(event.to_json()))
         for i, event in enumerate(events):
             reason = self.refuse(event) if self.refuse is not None else None
             size = len(event.to_json()) if self.max_payload is not None else 0

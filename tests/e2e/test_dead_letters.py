@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.emulator import Emulator
+from tests.doubles.contract import assert_valid
 from tests.e2e.bridge_process import BridgeProcess, kill9, until, write_config
 from tests.fixtures.nats import NatsServer, free_port, wait_for_port
 from tests.real.kafkabus import read_topic
@@ -174,6 +175,8 @@ async def test_kafka_dead_letters_hold_the_refused_events_and_the_topic_their_tr
     finally:
         await bridge.stop()
     log = bridge.log.read_text()
+    for e in events:
+        assert_valid(e)  # truncated copies keep to the published schema
     by_name = {e["subject"]: e for e in events}
     assert sorted(by_name) == ["default/after", "default/before", "default/giant", "default/huge"]
     assert len(events) == 4, [e["id"] for e in events]  # each change once
@@ -343,6 +346,8 @@ async def test_nats_dead_letters_hold_the_refused_events_and_the_stream_their_tr
         await counted(bridge, {"dead_lettered": 2})
     finally:
         await bridge.stop()
+    for e in events:
+        assert_valid(e)
     by_name = {e["subject"]: e for e in events}
     assert len(events) == 4 and sorted(by_name) == [
         "default/after",
