@@ -26,11 +26,19 @@ Schema = dict[str, Any]
 CHANGE_TYPES = [k.value for k in ChangeKind]
 EVENT_TYPES = [*CHANGE_TYPES, SNAPSHOT]
 # io.k8s.{group|core}.{version}.{Kind}.{change}: the group may hold dots.
-CHANGE_TYPE_PATTERN = r"^io\.k8s\.[a-z0-9.-]+\.[a-z0-9]+\.[A-Za-z0-9]+\.(" + "|".join(
-    EVENT_TYPES
-) + r")$"
+CHANGE_TYPE_PATTERN = (
+    r"^io\.k8s\.[a-z0-9.-]+\.[a-z0-9]+\.[A-Za-z0-9]+\.(" + "|".join(EVENT_TYPES) + r")$"
+)
 
 _STRING = {"type": "string"}
+# The CloudEvents distributed-tracing extension (bridge/delivery/tracing.py), with tracing on.
+TRACEPARENT = {
+    "type": "string",
+    "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+    "description": "W3C traceparent of the bridge's span that published the event's batch"
+    " (tracing.otlpEndpoint set)",
+}
+TRACESTATE = {"type": "string", "description": "W3C tracestate, when the span has one"}
 _NULLABLE_STRING = {"type": ["string", "null"]}
 
 
@@ -187,6 +195,8 @@ def envelope(ref: str) -> Schema:
             "resourceversion": _STRING,
             "initial": {"type": "boolean"},
             "data": {"type": "object"},
+            "traceparent": TRACEPARENT,
+            "tracestate": TRACESTATE,
         },
         "if": {"properties": {"type": {"const": HEARTBEAT_TYPE}}},
         "then": {"properties": {"data": {"$ref": ref + "heartbeatData"}}},
@@ -215,11 +225,12 @@ def event_schema() -> Schema:
 
 
 def kafka_headers() -> Schema:
+    props: Schema = {name: _STRING for name in ("ce_id", "ce_type", "ce_source", "ce_subject")}
     return {
         "type": "object",
         "description": "CloudEvents Kafka binding headers",
         "required": ["ce_id", "ce_type", "ce_source", "ce_subject"],
-        "properties": {name: _STRING for name in ("ce_id", "ce_type", "ce_source", "ce_subject")},
+        "properties": props | {"ce_traceparent": TRACEPARENT, "ce_tracestate": TRACESTATE},
     }
 
 
@@ -232,7 +243,9 @@ def nats_headers() -> Schema:
                 **_STRING,
                 "description": "the event id (a replayed copy: {id}:replay:{run}); JetStream's"
                 " duplicate window drops a redelivery",
-            }
+            },
+            "traceparent": TRACEPARENT,
+            "tracestate": TRACESTATE,
         },
     }
 

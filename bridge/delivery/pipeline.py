@@ -38,6 +38,7 @@ from bridge.delivery.publisher import Publisher, TransactionalSend
 from bridge.delivery.resume import resume
 from bridge.delivery.settings import PipelineSettings, PoisonPolicy
 from bridge.delivery.stats import PipelineStats
+from bridge.delivery.tracing import BatchTracer
 from bridge.errors import PoisonEventError
 from bridge.kube.backoff import Backoff
 from bridge.kube.informer import SharedInformer
@@ -70,6 +71,7 @@ class ResourcePipeline:
         backoff: Callable[[], Backoff] | None = None,
         filter: Filter | None = None,
         transactional: TransactionalSend | None = None,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self.resource_id = resource_id
         self.label = label = label or resource_id
@@ -117,6 +119,7 @@ class ResourcePipeline:
             else None,
             transactional=transactional,
             exclusive=exclusive,
+            tracer=tracer,
         )
         self.handler = ChangeHandler(
             detector=detector,

@@ -32,6 +32,7 @@ from bridge.delivery.outbox import Batch, Outbox
 from bridge.delivery.retry import retrying
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
+from bridge.delivery.tracing import BatchTracer, traced
 from bridge.errors import PoisonEventError, SinkError, SinkUnavailableError
 from bridge.kube.backoff import Backoff
 from bridge.logging import get_logger
@@ -76,8 +77,11 @@ class Publisher:
         on_publish_latency: Callable[[float], None] | None = None,
         transactional: TransactionalSend | None = None,
         exclusive: asyncio.Lock | None = None,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self._sink = sink
+        # Tracing on: one span per batch, its context on the events (delivery/tracing.py).
+        self._tracer = tracer
         self._transactional = transactional
         # Held by each transactional publish, which writes checkpoint rows: the
         # checkpointer's commits take it too (bridge/delivery/checkpointer.py).
@@ -197,12 +201,32 @@ class Publisher:
             self._on_publish_latency(time.perf_counter() - started)
         return dict(refused or {})
 
+    async def _send_traced(
+        self, tracer: BatchTracer, events: list[Event], batch: Batch
+    ) -> dict[int, str]:
+        """``_send`` inside the batch's span, its context on every event."""
+        span = tracer.batch(self._label, len(events))
+        try:
+            refused = await self._send(traced(events, span.traceparent, span.tracestate), batch)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        else:
+            span.acknowledged(len(events) - len(refused), len(refused))
+        finally:
+            span.end()
+        return refused
+
     def _health(self, ok: bool) -> None:
         self.healthy = ok
 
     async def _publish(self, batch: Batch) -> None:
         events = batch.events
-        refused = await self._send(events, batch)
+        tracer = self._tracer
+        if tracer is None:
+            refused = await self._send(events, batch)
+        else:
+            refused = await self._send_traced(tracer, events, batch)
         stats = self._stats
         landed = [e for i, e in enumerate(events) if i not in refused] if refused else events
         stats.published += len(landed)

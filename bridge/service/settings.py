@@ -500,6 +500,31 @@ class ServerSettings(_Section):
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+class TracingSettings(_Section):
+    otlp_endpoint: str | None = Field(
+        default=None,
+        min_length=1,
+        description="OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): one span"
+        " per published batch, exported there, and its traceparent on every event; omitted:"
+        " tracing off (nothing of OpenTelemetry is imported)",
+    )
+    service_name: str = Field(default="k8s-bridge", min_length=1)
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="HTTP headers of each export (e.g. authorization)"
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise PydanticCustomError(
+                "keyed_error",
+                f"tracing.otlpEndpoint: {value!r} is not an http(s) URL (OTLP over HTTP, e.g."
+                " http://collector:4318/v1/traces)",
+            )
+        return value
+
+
 class LoggingSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
     level: str = "info"
@@ -599,6 +624,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @model_validator(mode="after")
     def _exactly_once_fits(self) -> Settings:

@@ -453,10 +453,17 @@ class NatsSink:
             payload = e.to_json()
             msg_id = e.msg_id or e.id
             size = len(payload) + len(msg_id) + _HEADER_OVERHEAD
+            headers = {MSG_ID: msg_id}
+            if e.traceparent:  # tracing on (bridge/delivery/tracing.py): "name: value\r\n"
+                headers["traceparent"] = e.traceparent
+                size += len("traceparent") + len(e.traceparent) + 4
+                if e.tracestate:
+                    headers["tracestate"] = e.tracestate
+                    size += len("tracestate") + len(e.tracestate) + 4
             if size > limit:
                 refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
                 continue
-            messages.append((e.nats_subject, payload, {MSG_ID: msg_id}))
+            messages.append((e.nats_subject, payload, headers))
             sent.append(i)
         if messages:
             # One batch at a time keeps per-subject order across concurrent callers.
