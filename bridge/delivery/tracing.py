@@ -16,7 +16,6 @@ of OpenTelemetry is imported.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 import orjson
@@ -53,9 +52,26 @@ def traced(events: Sequence[Event], traceparent: str, tracestate: str = "") -> l
     head = b'{"traceparent":' + orjson.dumps(traceparent) + b","
     if tracestate:
         head += b'"tracestate":' + orjson.dumps(tracestate) + b","
-    out = []
-    for e in events:
-        # Every encoded event is a JSON object with keys: "{" is followed by one.
-        encoded = head + e.to_json()[1:]
-        out.append(replace(e, encoded=encoded, traceparent=traceparent, tracestate=tracestate))
-    return out
+    join = b"".join
+    # Built directly, not with ``dataclasses.replace``: several times cheaper per event,
+    # paid on every event while tracing is on (``python -m bench tracing``).
+    return [
+        Event(
+            e.id,
+            e.type,
+            e.source,
+            e.subject,
+            e.time,
+            e.resource_version,
+            e.initial,
+            e.data,
+            e.nats_subject,
+            e.msg_id,
+            # Every encoded event is a JSON object with keys: "{" is followed by one.
+            # One copy of the bytes: the slice is a view.
+            join((head, memoryview(e.to_json())[1:])),
+            traceparent,
+            tracestate,
+        )
+        for e in events
+    ]

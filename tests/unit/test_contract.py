@@ -28,6 +28,7 @@ from bridge.delivery.changes import Change, ChangeKind
 from bridge.delivery.events import Event, EventBuilder
 from bridge.delivery.heartbeat import HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.snapshot import snapshot_event
+from bridge.delivery.tracing import traced
 from tests.doubles.contract import assert_valid
 from tests.fixtures.realdeps import cache_dir
 
@@ -194,3 +195,16 @@ def test_the_asyncapi_document_passes_the_asyncapi_cli() -> None:
 
 def test_the_event_schema_file_is_a_valid_draft7_schema() -> None:
     Draft7Validator.check_schema(orjson.loads((CONTRACT / EVENT_SCHEMA).read_bytes()))
+
+
+def test_traced_events_are_the_same_events_with_the_tracing_extension() -> None:
+    traceparent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    shapes = every_shape()
+    for plain, with_trace in zip(shapes, traced(shapes, traceparent, "k=v"), strict=True):
+        doc = orjson.loads(with_trace.to_json())
+        assert_valid(doc)
+        assert doc == orjson.loads(plain.to_json()) | {
+            "traceparent": traceparent,
+            "tracestate": "k=v",
+        }
+        assert ("ce_traceparent", traceparent.encode()) in with_trace.headers
