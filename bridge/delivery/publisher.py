@@ -249,11 +249,11 @@ class Publisher:
             if policy == "fail":
                 outcome = "failed"
             elif policy == "deadLetter":
-                outcome, reason = await self._dead_letter(batch, i, refused, reason, later)
+                outcome, reason = await self._dead_letter(batch, i, reason, later)
             elif later:
                 outcome = "superseded"  # a later event of the same object is on the bus
             elif policy == "truncate":
-                again = await self._send([event.truncated()])
+                again = await self._publish_copies(batch, i, [event.truncated()], [])
                 if again:
                     outcome, reason = "skipped", f"{reason}; truncated: {again[0]}"
                 else:
@@ -278,48 +278,18 @@ class Publisher:
                 )
 
     async def _dead_letter(
-        self, batch: Batch, i: int, refused: Mapping[int, str], reason: str, superseded: bool
+        self, batch: Batch, i: int, reason: str, superseded: bool
     ) -> tuple[str, str]:
         """``poisonPolicy: deadLetter``: the refused event to the dead-letter destination,
         and its truncated copy to the main stream (none when a later event of the same
-        object landed: it would arrive behind it). With a transactional bus both go in
-        one transaction with the object's checkpoint row. Returns (outcome, reason)."""
-        entry = batch.entries[i]
-        event = entry.event
+        object landed: it would arrive behind it), as ``_publish_copies`` says. Returns
+        (outcome, reason)."""
+        event = batch.entries[i].event
         letter = DeadLetter(event, reason)
         main = [] if superseded else [event.truncated()]
-        transactional = self._transactional
-        if transactional is not None:
-            # The key's row after this event, in the same transaction: a later event of
-            # the key refused too has its own, and a crash between them leaves the row
-            # at the last one that landed, so a restart republishes none of them.
-            row = None if superseded else batch.row_after(i)
-
-            def key_rows(refused_now: Collection[int]) -> tuple[list[Digest], list[str]]:
-                if row is None or refused_now:
-                    return [], []  # the row stays as it was: nothing of the key landed
-                return [row], []
-
-            def publish() -> Awaitable[Mapping[int, str]]:
-                assert transactional is not None
-                return transactional(main, key_rows, [letter])
-
-            outcome = await self._retrying(publish)
-            letter_refused = outcome.get(len(main))
-            main_refused = outcome.get(0) if main else None
-        else:
-            sink = self._sink
-            if not isinstance(sink, DeadLetterSink):
-                raise SinkError(f"{self._label}: poisonPolicy deadLetter, but the sink has none")
-
-            def publish_letter() -> Awaitable[Mapping[int, str]]:
-                assert isinstance(sink, DeadLetterSink)
-                return sink.publish_dead_letters([letter])
-
-            # The dead letter first: a crash before the truncated copy lands republishes
-            # both (the key's row is still the one written ahead), never loses the letter.
-            letter_refused = (await self._retrying(publish_letter)).get(0)
-            main_refused = (await self._send(main)).get(0) if main else None
+        outcome = await self._publish_copies(batch, i, main, [letter])
+        letter_refused = outcome.get(len(main))
+        main_refused = outcome.get(0) if main else None
         if main and main_refused is None:
             self._stats.published += 1
             self._stats.by_type[_change_of(event)] += 1
@@ -331,6 +301,47 @@ class Publisher:
                 return "superseded", reason
             return ("skipped" if main_refused is not None else "truncated"), reason
         return "dead_lettered", reason
+
+    async def _publish_copies(
+        self, batch: Batch, i: int, main: list[Event], letters: list[DeadLetter]
+    ) -> Mapping[int, str]:
+        """What the poison policy publishes for ``batch.entries[i]``: ``main`` (its
+        truncated copy, or nothing) and ``letters``; returns what was refused (index
+        into ``main`` then ``letters``). With a transactional bus they go in one
+        transaction with the key's checkpoint row after that event: a later event of
+        the key refused too has its own, so a crash between them leaves the row at the
+        last one that landed, and a restart republishes none of them."""
+        transactional = self._transactional
+        if transactional is not None:
+            row = batch.row_after(i) if main else None
+
+            def key_rows(refused_now: Collection[int]) -> tuple[list[Digest], list[str]]:
+                if row is None or refused_now:
+                    return [], []  # the row stays as it was: nothing of the key landed
+                return [row], []
+
+            def publish() -> Awaitable[Mapping[int, str]]:
+                assert transactional is not None
+                return transactional(main, key_rows, letters)
+
+            return await self._retrying(publish)
+        refused: dict[int, str] = {}
+        if letters:
+            sink = self._sink
+            if not isinstance(sink, DeadLetterSink):
+                raise SinkError(f"{self._label}: poisonPolicy deadLetter, but the sink has none")
+
+            def publish_letters() -> Awaitable[Mapping[int, str]]:
+                assert isinstance(sink, DeadLetterSink)
+                return sink.publish_dead_letters(letters)
+
+            # Dead letters first: a crash before the truncated copy lands republishes
+            # both (the key's row is still the one written ahead), never loses a letter.
+            for j, why in (await self._retrying(publish_letters)).items():
+                refused[len(main) + j] = why
+        if main:
+            refused.update(await self._send(main))
+        return refused
 
     async def _retrying(
         self, publish: Callable[[], Awaitable[Mapping[int, str]]]
