@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from bridge.emulator import Emulator
 from tests.doubles.contract import assert_valid
 from tests.e2e.bridge_process import BridgeProcess, until, write_config
 from tests.fixtures.nats import NatsServer, free_port
+from tests.real.kafkabus import read_topic
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -169,6 +171,45 @@ async def test_every_event_carries_the_trace_of_the_batch_span_the_bridge_export
         assert span.end_time_unix_nano > span.start_time_unix_nano
     # The listed pods and each live one left in batches of their own.
     assert len(per_span) >= 2, per_span
+
+
+async def test_kafka_records_carry_the_trace_of_an_exported_batch_span(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, kafka_broker: str, receiver: Receiver
+) -> None:
+    topic = "traced-" + uuid.uuid4().hex[:8]
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=kubeconfig,
+        sink={"kind": "kafka", "kafka": {"bootstrapServers": [kafka_broker], "topic": topic}},
+        resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        tracing={"otlpEndpoint": receiver.url},
+    )
+    for i in range(3):
+        emulator.create(pod(f"p-{i}"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready(30)
+        records: list[Any] = []
+
+        async def arrived() -> bool:
+            nonlocal records
+            records = await read_topic(kafka_broker, topic)
+            return len(records) >= 3
+
+        await until(arrived, 30, lambda: f"{len(records)} records: {bridge.tail_log()}")
+    finally:
+        assert await bridge.stop() == 0
+    spans = {(s.trace_id.hex(), s.span_id.hex()): s for _, s in receiver.spans}
+    for r in records:
+        event = orjson.loads(r.value)
+        assert_valid(event)
+        headers = {k: v.decode() for k, v in r.headers}
+        assert headers["ce_traceparent"] == event["traceparent"], headers
+        _, trace_id, span_id, _ = event["traceparent"].split("-")
+        span = spans[(trace_id, span_id)]
+        assert attributes(span)["messaging.system"] == "kafka"
+        assert attributes(span)["k8s_bridge.acknowledged"] >= 1
 
 
 def test_without_an_endpoint_nothing_of_opentelemetry_is_imported(tmp_path: Path) -> None:
