@@ -58,6 +58,9 @@ tools:
 	@command -v nats-server >/dev/null 2>&1 || { \
 	  echo "installing nats-server (Debian package)"; \
 	  (apt-get update -qq && apt-get install -y -qq nats-server) >/dev/null; }
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing Node.js and npm (Debian packages, for the AsyncAPI CLI)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null </dev/null; }
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
 	  echo "installing PostgreSQL (Debian package)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >/dev/null </dev/null; }

@@ -23,6 +23,7 @@ ROOMS = {
     "mirroring": "Mirror, an informer over the bus, and its readers",
     "mirror": "`k8s-bridge mirror`: the bus into PostgreSQL",
     "cli": "one module per command; main parses and dispatches",
+    "contract": "the published contract (JSON Schema, AsyncAPI), generated from the code",
     "emulator": "the Kubernetes API server emulator (tests, benchmarks, demo)",
 }
 

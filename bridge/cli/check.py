@@ -20,6 +20,7 @@ from bridge.service.settings import (
     resources_for_shard,
 )
 from bridge.service.wiring import build_checkpoints, build_sink, list_watch
+from bridge.sinks.nats import subject_matches
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
@@ -186,6 +187,7 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
             await _check_control_reviews(client, report)
     finally:
         await client.close()
+    _check_dead_letters(settings, report)
     if await _check_sink(settings, report, timeout):
         await _check_bus_durability(settings, report, timeout)
     await _check_checkpoints(settings, report)
@@ -277,17 +279,6 @@ async def _check_control_reviews(client: KubeClient, report: _Report) -> None:
         )
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
-
-
 def _check_heartbeat(
     settings: Settings,
     res: ResourceSettings,
@@ -321,6 +312,28 @@ def _check_heartbeat(
                 f"{subject} is outside sink.nats.subjects {stream.subjects}: the stream would "
                 "not store it",
             )
+
+
+def _check_dead_letters(settings: Settings, report: _Report) -> None:
+    """Where ``poisonPolicy: deadLetter`` sends refused events (settings made sure of one)."""
+    policy = settings.sink.poison_policy
+    users = [r for r in settings.resources if (r.poison_policy or policy) == "deadLetter"]
+    if not users:
+        return
+    which = ", ".join(f"{r.api_version}/{r.kind}" for r in users)
+    if settings.sink.kind == "kafka":
+        where = f"topic {settings.sink.kafka.dead_letter_topic}"
+    else:
+        from bridge.sinks.nats import NatsSink
+
+        sink = build_sink(settings)
+        assert isinstance(sink, NatsSink)
+        stream = sink.dead_letter_stream or sink.stream
+        where = f"subject {sink.dead_letter_subject} (stream {stream})"
+    report.ok(
+        "dead letters",
+        f"{which}: refused events go to {where}; their truncated copies to the main stream",
+    )
 
 
 async def _check_sink(settings: Settings, report: _Report, timeout: float) -> bool:

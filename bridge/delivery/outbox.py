@@ -110,6 +110,22 @@ class Batch:
                 upserts.append(row)
         return upserts, deletes
 
+    def row_after(self, i: int) -> Digest | None:
+        """The checkpoint row of ``entries[i]``'s key once that event (refused, then
+        published by the poison policy on its own, in a transaction) is on the bus and
+        the key's later events of this batch are not: its state after ``entries[i]``
+        as ``settled_rows`` would say it. None: an announcement, which changes no row."""
+        e = self.entries[i]
+        if e.announcement:
+            return None
+        row = next(r for r in self.ahead if r.key == e.key)
+        d = e.digest
+        if d is not None and row.state == UNCERTAIN and row.uid == d.uid:
+            return Digest(row.key, d.uid, d.resource_version, d.fingerprint)
+        if d is None and row.state == DELETING and row.uid == e.uid:
+            return Digest(row.key, row.uid, e.event.resource_version, "", GONE)
+        return row
+
 
 class CommitStep(NamedTuple):
     """One store call of a commit: its rows, and the watermark if it is the last."""

@@ -38,6 +38,7 @@ from bridge.delivery.publisher import Publisher, TransactionalSend
 from bridge.delivery.resume import resume
 from bridge.delivery.settings import PipelineSettings, PoisonPolicy
 from bridge.delivery.stats import PipelineMetrics, PipelineStats
+from bridge.delivery.tracing import BatchTracer
 from bridge.errors import PoisonEventError
 from bridge.ground.digest import Digest
 from bridge.ground.envelope import Event
@@ -71,6 +72,7 @@ class ResourcePipeline:
         backoff: Callable[[], Backoff] | None = None,
         filter: Filter | None = None,
         transactional: TransactionalSend | None = None,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self.resource_id = resource_id
         self.label = label = label or resource_id
@@ -120,6 +122,7 @@ class ResourcePipeline:
             on_batch_size=metrics.batch_size_of(label) if metrics is not None else None,
             transactional=transactional,
             exclusive=exclusive,
+            tracer=tracer,
         )
         self.handler = ChangeHandler(
             detector=detector,

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Protocol
 
 from bridge.aiotasks import run_group
 from bridge.delivery.notify import Notifier
@@ -29,12 +30,14 @@ from bridge.delivery.outbox import Batch, Outbox
 from bridge.delivery.retry import retrying
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
-from bridge.errors import PoisonEventError, SinkUnavailableError
+from bridge.delivery.tracing import BatchTracer, traced
+from bridge.errors import PoisonEventError, SinkError, SinkUnavailableError
 from bridge.ground.digest import Digest
 from bridge.ground.envelope import Event
 from bridge.kube.backoff import Backoff
 from bridge.logging import get_logger
 from bridge.sinks.base import Sink
+from bridge.sinks.deadletter import DeadLetter, DeadLetterSink
 
 log = get_logger(__name__)
 
@@ -42,9 +45,18 @@ log = get_logger(__name__)
 # whose last event was refused (indices into the batch).
 SettledRows = Callable[[Collection[int]], tuple[list[Digest], list[str]]]
 
-# Publishes events together with their checkpoint rows, atomically; returns the
-# events refused for good, as ``Sink.publish`` does.
-TransactionalSend = Callable[[Sequence[Event], SettledRows], Awaitable[Mapping[int, str]]]
+
+class TransactionalSend(Protocol):
+    """Publishes events (then ``dead_letters``) together with their checkpoint rows,
+    atomically; returns what was refused for good, as ``Sink.publish`` does (an
+    index past the events is a dead letter's)."""
+
+    def __call__(
+        self,
+        events: Sequence[Event],
+        rows: SettledRows,
+        dead_letters: Sequence[DeadLetter] = (),
+    ) -> Awaitable[Mapping[int, str]]: ...
 
 
 class Publisher:
@@ -66,8 +78,11 @@ class Publisher:
         on_batch_size: Callable[[float], None] | None = None,
         transactional: TransactionalSend | None = None,
         exclusive: asyncio.Lock | None = None,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self._sink = sink
+        # Tracing on: one span per batch, its context on the events (delivery/tracing.py).
+        self._tracer = tracer
         self._transactional = transactional
         # Held by each transactional publish, which writes checkpoint rows: the
         # checkpointer's commits take it too (bridge/delivery/checkpointer.py).
@@ -190,12 +205,32 @@ class Publisher:
             self._on_publish_latency(time.perf_counter() - started)
         return dict(refused or {})
 
+    async def _send_traced(
+        self, tracer: BatchTracer, events: list[Event], batch: Batch
+    ) -> dict[int, str]:
+        """``_send`` inside the batch's span, its context on every event."""
+        span = tracer.batch(self._label, len(events))
+        try:
+            refused = await self._send(traced(events, span.traceparent, span.tracestate), batch)
+        except BaseException as e:
+            span.failed(e)
+            raise
+        else:
+            span.acknowledged(len(events) - len(refused), len(refused))
+        finally:
+            span.end()
+        return refused
+
     def _health(self, ok: bool) -> None:
         self.healthy = ok
 
     async def _publish(self, batch: Batch) -> None:
         events = batch.events
-        refused = await self._send(events, batch)
+        tracer = self._tracer
+        if tracer is None:
+            refused = await self._send(events, batch)
+        else:
+            refused = await self._send_traced(tracer, events, batch)
         stats = self._stats
         landed = [e for i, e in enumerate(events) if i not in refused] if refused else events
         stats.published += len(landed)
@@ -217,10 +252,12 @@ class Publisher:
             )
             if policy == "fail":
                 outcome = "failed"
+            elif policy == "deadLetter":
+                outcome, reason = await self._dead_letter(batch, i, reason, later)
             elif later:
                 outcome = "superseded"  # a later event of the same object is on the bus
             elif policy == "truncate":
-                again = await self._send([event.truncated()])
+                again = await self._publish_copies(batch, i, [event.truncated()], [])
                 if again:
                     outcome, reason = "skipped", f"{reason}; truncated: {again[0]}"
                 else:
@@ -243,6 +280,86 @@ class Publisher:
                     f"{self._label}: the bus refused {event.subject} (event {event.id}) for good:"
                     f" {reason}; poisonPolicy is fail, so this resource stopped"
                 )
+
+    async def _dead_letter(
+        self, batch: Batch, i: int, reason: str, superseded: bool
+    ) -> tuple[str, str]:
+        """``poisonPolicy: deadLetter``: the refused event to the dead-letter destination,
+        and its truncated copy to the main stream (none when a later event of the same
+        object landed: it would arrive behind it), as ``_publish_copies`` says. Returns
+        (outcome, reason)."""
+        event = batch.entries[i].event
+        letter = DeadLetter(event, reason)
+        main = [] if superseded else [event.truncated()]
+        outcome = await self._publish_copies(batch, i, main, [letter])
+        letter_refused = outcome.get(len(main))
+        main_refused = outcome.get(0) if main else None
+        if main and main_refused is None:
+            self._stats.published += 1
+            self._stats.by_type[_change_of(event)] += 1
+        if main_refused is not None:
+            reason = f"{reason}; truncated: {main_refused}"
+        if letter_refused is not None:
+            reason = f"{reason}; dead letter: {letter_refused}"
+            if superseded:
+                return "superseded", reason
+            return ("skipped" if main_refused is not None else "truncated"), reason
+        return "dead_lettered", reason
+
+    async def _publish_copies(
+        self, batch: Batch, i: int, main: list[Event], letters: list[DeadLetter]
+    ) -> Mapping[int, str]:
+        """What the poison policy publishes for ``batch.entries[i]``: ``main`` (its
+        truncated copy, or nothing) and ``letters``; returns what was refused (index
+        into ``main`` then ``letters``). With a transactional bus they go in one
+        transaction with the key's checkpoint row after that event: a later event of
+        the key refused too has its own, so a crash between them leaves the row at the
+        last one that landed, and a restart republishes none of them."""
+        transactional = self._transactional
+        if transactional is not None:
+            row = batch.row_after(i) if main else None
+
+            def key_rows(refused_now: Collection[int]) -> tuple[list[Digest], list[str]]:
+                if row is None or refused_now:
+                    return [], []  # the row stays as it was: nothing of the key landed
+                return [row], []
+
+            def publish() -> Awaitable[Mapping[int, str]]:
+                assert transactional is not None
+                return transactional(main, key_rows, letters)
+
+            return await self._retrying(publish)
+        refused: dict[int, str] = {}
+        if letters:
+            sink = self._sink
+            if not isinstance(sink, DeadLetterSink):
+                raise SinkError(f"{self._label}: poisonPolicy deadLetter, but the sink has none")
+
+            def publish_letters() -> Awaitable[Mapping[int, str]]:
+                assert isinstance(sink, DeadLetterSink)
+                return sink.publish_dead_letters(letters)
+
+            # Dead letters first: a crash before the truncated copy lands republishes
+            # both (the key's row is still the one written ahead), never loses a letter.
+            for j, why in (await self._retrying(publish_letters)).items():
+                refused[len(main) + j] = why
+        if main:
+            refused.update(await self._send(main))
+        return refused
+
+    async def _retrying(
+        self, publish: Callable[[], Awaitable[Mapping[int, str]]]
+    ) -> Mapping[int, str]:
+        async with self._exclusive:
+            refused = await retrying(
+                publish,
+                retry_on=SinkUnavailableError,
+                what="publish",
+                health=self._health,
+                backoff=self._backoff(),
+                label=self._label,
+            )
+        return refused or {}
 
 
 def _no_rows(refused: Collection[int]) -> tuple[list[Digest], list[str]]:

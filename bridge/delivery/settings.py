@@ -7,7 +7,7 @@ from typing import Literal
 
 from bridge.kube.reflector import ReflectorSettings
 
-PoisonPolicy = Literal["truncate", "skip", "fail"]
+PoisonPolicy = Literal["truncate", "skip", "fail", "deadLetter"]
 
 
 @dataclass(frozen=True, slots=True)

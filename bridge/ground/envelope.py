@@ -92,6 +92,10 @@ class Event:
     msg_id: str = ""
     # The structured-mode JSON, encoded once when the event was decided (``sealed``).
     encoded: bytes = b""
+    # The CloudEvents distributed-tracing extension (bridge/delivery/tracing.py): set
+    # only while tracing is on, by the batch's span; empty otherwise.
+    traceparent: str = ""
+    tracestate: str = ""
 
     @property
     def key(self) -> bytes:
@@ -101,12 +105,17 @@ class Event:
     @property
     def headers(self) -> list[tuple[str, bytes]]:
         """Kafka record headers (CloudEvents Kafka binding names)."""
-        return [
+        headers = [
             ("ce_id", self.id.encode()),
             ("ce_type", self.type.encode()),
             ("ce_source", self.source.encode()),
             ("ce_subject", self.subject.encode()),
         ]
+        if self.traceparent:
+            headers.append(("ce_traceparent", self.traceparent.encode()))
+            if self.tracestate:
+                headers.append(("ce_tracestate", self.tracestate.encode()))
+        return headers
 
     @property
     def deleted(self) -> bool:
@@ -118,7 +127,7 @@ class Event:
         return self.type.endswith((".deleted", ".filtered"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "specversion": SPECVERSION,
             "id": self.id,
             "type": self.type,
@@ -130,6 +139,11 @@ class Event:
             "initial": self.initial,
             "data": self.data if isinstance(self.data, dict) else dict(self.data),
         }
+        if self.traceparent:
+            out["traceparent"] = self.traceparent
+            if self.tracestate:
+                out["tracestate"] = self.tracestate
+        return out
 
     def to_json(self) -> bytes:
         """Structured-mode CloudEvents 1.0 JSON."""

@@ -27,6 +27,7 @@ from bridge.delivery.filters import Filter
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
 from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_id, take_snapshot
+from bridge.delivery.tracing import BatchTracer
 from bridge.errors import (
     BridgeError,
     CheckpointError,
@@ -52,6 +53,7 @@ from bridge.service.settings import (
     lease_name,
     resources_for_shard,
 )
+from bridge.service.tracing import build_tracer
 from bridge.service.wiring import (
     build_checkpoints,
     build_sink,
@@ -140,6 +142,7 @@ class BridgeApp:
         on_ready: Callable[[], Awaitable[None]] | None = None,
         backoff: Callable[[], Backoff] | None = None,
         after_first_sync: Callable[[], None] | None = None,
+        tracer: BatchTracer | None = None,
     ) -> None:
         self.settings = settings
         # What ``k8s-bridge run`` does once the first sync has landed (free heap pages
@@ -147,6 +150,8 @@ class BridgeApp:
         self._after_first_sync = after_first_sync
         self.sink = sink or build_sink(settings)
         self.checkpoints = checkpoints or build_checkpoints(settings, self.sink)
+        # Tracing (tracing.otlpEndpoint): None when off, and OpenTelemetry never imported.
+        self.tracer = tracer or build_tracer(settings.tracing, settings.sink.kind)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
         sh = settings.sharding
@@ -316,6 +321,7 @@ class BridgeApp:
                     backoff=self._backoff,
                     filter=filter,
                     transactional=transactional_send(self.sink, rid),
+                    tracer=self.tracer,
                 )
                 pipelines.append(pipeline)
                 self.served.append((res, pipeline))
@@ -683,5 +689,8 @@ class BridgeApp:
                 log.warning("close failed", error=str(e))
         if self.client is not None:
             await self.client.close()
+        shutdown = getattr(self.tracer, "shutdown", None)
+        if shutdown is not None:  # the spans still queued are exported now
+            await asyncio.to_thread(shutdown)
         if self.health is not None:
             await self.health.stop()

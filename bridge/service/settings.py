@@ -136,7 +136,7 @@ class ResourceSettings(_Section):
     patch: bool = Field(
         default=False, description="Include an RFC 6902 patch from the previous object"
     )
-    poison_policy: Literal["truncate", "skip", "fail"] | None = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] | None = Field(
         default=None,
         description="What to do with an event the bus refuses for good (too large, not "
         "permitted); omitted: sink.poisonPolicy",
@@ -238,6 +238,24 @@ class NatsSettings(_Section):
     credentials: str | None = Field(default=None, description="Path to a .creds file")
     nkey_seed: str | None = Field(default=None, description="Path to an NKey seed file")
     tls: NatsTlsSettings | None = None
+    dead_letter_subject: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Subject of dead letters (poisonPolicy deadLetter): events the stream "
+        "refused, whole or cut to the server's max_payload; outside subjects, the bridge "
+        "creates stream '{stream}_DEAD_LETTERS' for it when createStream is on",
+    )
+
+    @field_validator("dead_letter_subject")
+    @classmethod
+    def _dead_letter_subject(cls, value: str | None) -> str | None:
+        if value is not None and (any(c in value for c in " \t*>") or ".." in value):
+            raise PydanticCustomError(
+                "keyed_error",
+                f"sink.nats.deadLetterSubject: {value!r} is not a plain NATS subject"
+                " (no spaces, wildcards or empty tokens)",
+            )
+        return value
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The TLS context of ``tls`` (bridge/ground/nats.py): the checkpoint bucket,
@@ -289,6 +307,13 @@ class KafkaSettings(_Section):
         min_length=1,
         description="Topic of heartbeat events (same placeholders as topic); omitted: "
         "'{topic}.heartbeats'",
+    )
+    dead_letter_topic: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Topic of dead letters (poisonPolicy deadLetter): events Kafka refused, "
+        "whole or cut to maxRequestSize, keyed like the event, with headers saying why; "
+        "with exactlyOnce in the same transaction as the truncated event",
     )
     exactly_once: bool = Field(
         default=False,
@@ -360,10 +385,12 @@ class SinkSettings(_Section):
         le=0.05,
         description="Seconds to wait for more events before publishing a batch",
     )
-    poison_policy: Literal["truncate", "skip", "fail"] = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] = Field(
         default="truncate",
         description="An event the bus refuses for good: truncate (publish it cut to its "
-        "metadata, same id), skip, or fail (stop that resource, not-ready)",
+        "metadata, same id), skip, fail (stop that resource, not-ready), or deadLetter "
+        "(truncate, and the whole event to sink.kafka.deadLetterTopic or "
+        "sink.nats.deadLetterSubject with headers saying why)",
     )
     nats: NatsSettings = Field(default_factory=NatsSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
@@ -532,6 +559,31 @@ class ServerSettings(_Section):
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+class TracingSettings(_Section):
+    otlp_endpoint: str | None = Field(
+        default=None,
+        min_length=1,
+        description="OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): one span"
+        " per published batch, exported there, and its traceparent on every event; omitted:"
+        " tracing off (nothing of OpenTelemetry is imported)",
+    )
+    service_name: str = Field(default="k8s-bridge", min_length=1)
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="HTTP headers of each export (e.g. authorization)"
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise PydanticCustomError(
+                "keyed_error",
+                f"tracing.otlpEndpoint: {value!r} is not an http(s) URL (OTLP over HTTP, e.g."
+                " http://collector:4318/v1/traces)",
+            )
+        return value
+
+
 class LoggingSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
     level: str = "info"
@@ -631,6 +683,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @model_validator(mode="after")
     def _exactly_once_fits(self) -> Settings:
@@ -648,6 +701,26 @@ class Settings(BaseSettings):
             problem = "sink.kafka.exactlyOnce: needs sink.kafka.enableIdempotence true"
         elif k.acks != "all":
             problem = f"sink.kafka.exactlyOnce: needs sink.kafka.acks all (it is {k.acks})"
+        if problem is not None:
+            raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @model_validator(mode="after")
+    def _dead_letters_have_a_destination(self) -> Settings:
+        policies = [("sink.poisonPolicy", self.sink.poison_policy)] + [
+            (f"resources[{i}].poisonPolicy", r.poison_policy) for i, r in enumerate(self.resources)
+        ]
+        key = next((k for k, p in policies if p == "deadLetter"), None)
+        if key is None:
+            return self
+        kind = self.sink.kind
+        problem = None
+        if kind == "stdout":
+            problem = f"{key}: deadLetter needs a kafka or nats sink (sink.kind is stdout)"
+        elif kind == "kafka" and self.sink.kafka.dead_letter_topic is None:
+            problem = f"{key}: deadLetter needs sink.kafka.deadLetterTopic"
+        elif kind == "nats" and self.sink.nats.dead_letter_subject is None:
+            problem = f"{key}: deadLetter needs sink.nats.deadLetterSubject"
         if problem is not None:
             raise PydanticCustomError("keyed_error", problem)
         return self

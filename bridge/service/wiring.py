@@ -5,7 +5,7 @@ command decides, encodes and names things exactly as the running bridge does."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.changes import Fingerprinter
@@ -22,6 +22,7 @@ from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.sharding import ShardRange
 from bridge.service.settings import ResourceSettings, Settings
 from bridge.sinks.base import Sink
+from bridge.sinks.deadletter import DeadLetter
 
 
 def build_sink(settings: Settings) -> Sink:
@@ -46,6 +47,7 @@ def build_sink(settings: Settings) -> Sink:
             tls_ca=n.tls.ca if n.tls else None,
             tls_cert=n.tls.cert if n.tls else None,
             tls_key=n.tls.key if n.tls else None,
+            dead_letter_subject=n.dead_letter_subject,
         )
     if kind == "kafka":
         from bridge.sinks.kafka import KafkaSink
@@ -69,6 +71,7 @@ def build_sink(settings: Settings) -> Sink:
             ssl_keyfile=k.ssl.keyfile if k.ssl else None,
             state_table=k.state_table,
             heartbeat_topic=k.heartbeat_topic,
+            dead_letter_topic=k.dead_letter_topic,
         )
         if k.exactly_once:
             from bridge.sinks.kafka_transactions import KafkaTransactions
@@ -143,10 +146,16 @@ def transactional_send(sink: Sink, resource_id: str) -> TransactionalSend | None
 
     channel = transactions.channel(resource_id)
 
-    async def send(events: Sequence[Event], rows: SettledRows) -> Mapping[int, str]:
-        return await channel.publish(
-            events, lambda refused: commit_records(resource_id, None, *rows(refused))
-        )
+    async def send(
+        events: Sequence[Event], rows: SettledRows, dead_letters: Sequence[DeadLetter] = ()
+    ) -> Mapping[int, str]:
+        def records(refused: Collection[int]) -> list[tuple[bytes, bytes | None]]:
+            return commit_records(resource_id, None, *rows(refused))
+
+        if not dead_letters:
+            return await channel.publish(events, records)
+        extra = [sink.dead_letter_record(letter) for letter in dead_letters]  # type: ignore[attr-defined]
+        return await channel.publish(events, records, extra)
 
     return send
 

@@ -36,6 +36,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from bridge.errors import ConfigError, SinkError, SinkUnavailableError
 from bridge.ground.envelope import HEARTBEAT_TYPE, Event
 from bridge.ground.kafka import connection_options
+from bridge.sinks import deadletter
+from bridge.sinks.deadletter import DeadLetter
 
 if TYPE_CHECKING:
     from bridge.sinks.kafka_transactions import KafkaTransactions
@@ -60,7 +62,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 # A batch refused with these was not refused for its records: the idempotent
 # producer's sequence numbers for its partition are out of step with the broker's
 # (a batch before it was refused, or the broker forgot the producer).
-_OUT_OF_STEP: tuple[type[BaseException], ...] = (
+OUT_OF_STEP: tuple[type[BaseException], ...] = (
     kerrors.OutOfOrderSequenceNumber,
     kerrors.UnknownProducerId,
     kerrors.InvalidProducerIdMapping,
@@ -122,6 +124,10 @@ def _check_template(key: str, topic: str) -> bool:
     return True
 
 
+def _encoded(headers: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
+    return [(k, v.encode()) for k, v in headers]
+
+
 def state_key(event: Event) -> bytes:
     obj = event.data.get("object") or {}
     md = obj.get("metadata") or {}
@@ -158,6 +164,7 @@ class KafkaSink:
         max_request_size: int = 1_048_576,
         heartbeat_topic: str | None = None,
         metadata_timeout: float = 10.0,
+        dead_letter_topic: str | None = None,
     ) -> None:
         self.bootstrap_servers = (
             [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -169,6 +176,8 @@ class KafkaSink:
             "sink.kafka.heartbeatTopic", self.heartbeat_topic
         )
         self._topics: dict[tuple[str, str], str] = {}
+        # poisonPolicy deadLetter: where refused events go whole (bridge/sinks/deadletter.py).
+        self.dead_letter_topic = dead_letter_topic
         self.state_table = state_table
         self.delivery_timeout = delivery_timeout
         self._options: dict[str, Any] = connection_options(
@@ -430,7 +439,7 @@ class KafkaSink:
                 m > n and m not in failed and later == tp
                 for m, (later, _, _) in enumerate(submitted)
             )
-            if (len(indices) > 1 or isinstance(failure, _OUT_OF_STEP)) and not overtaken:
+            if (len(indices) > 1 or isinstance(failure, OUT_OF_STEP)) and not overtaken:
                 again.extend(indices)
             else:
                 for i in indices:
@@ -459,7 +468,7 @@ class KafkaSink:
                     except kerrors.KafkaError as exc:
                         error = self._translate(exc)
                         if isinstance(
-                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *_OUT_OF_STEP)
+                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *OUT_OF_STEP)
                         ) or isinstance(error, SinkUnavailableError):
                             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
                         if self._fatal(exc):
@@ -469,6 +478,59 @@ class KafkaSink:
                             producer = await self._renew(producer)
         except _UNAVAILABLE as exc:
             raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+
+    def dead_letter_record(
+        self, letter: DeadLetter
+    ) -> tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]:
+        """``(topic, key, value, headers)`` of a dead letter: keyed like its event, the
+        value whole or cut to ``maxRequestSize`` (bridge/sinks/deadletter.py)."""
+        topic = self.dead_letter_topic
+        if topic is None:
+            raise SinkError("a dead letter, but sink.kafka.deadLetterTopic is not set")
+        key = letter.event.key
+        estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
+
+        def overhead(headers: list[tuple[str, str]]) -> int:
+            # The value's length varint (up to 5 bytes) is not in an empty value's estimate.
+            return estimate(key, b"", _encoded(headers)) + 5
+
+        value, headers = deadletter.fitted(letter, self._options["max_request_size"], overhead)
+        return topic, key, value, _encoded(headers)
+
+    async def publish_dead_letters(self, letters: Sequence[DeadLetter]) -> Mapping[int, str]:
+        """Each dead letter in a record batch of its own, in order (they are rare);
+        those the dead-letter topic refuses in turn are returned (index → reason)."""
+        producer = self._producer
+        if producer is None:
+            raise SinkError("Kafka sink is not started")
+        refused: dict[int, str] = {}
+        try:
+            async with asyncio.timeout(self.delivery_timeout):
+                for i, letter in enumerate(letters):
+                    topic, key, value, headers = self.dead_letter_record(letter)
+                    known = (
+                        sorted(await self._partitions(producer, topic)),
+                        sorted(producer.client.cluster.available_partitions_for_topic(topic)),
+                    )
+                    builder = producer.create_batch()
+                    builder.append(timestamp=None, key=key, value=value, headers=headers)
+                    partition = self._partitioner(key, *known)
+                    try:
+                        await (await producer.send_batch(builder, topic, partition=partition))
+                    except kerrors.KafkaError as exc:
+                        error = self._translate(exc)
+                        if isinstance(
+                            exc, (*_UNAVAILABLE, kerrors.ProducerClosed, *OUT_OF_STEP)
+                        ) or isinstance(error, SinkUnavailableError):
+                            raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+                        if self._fatal(exc):
+                            raise error from exc
+                        refused[i] = f"topic {topic!r} refused the dead letter: {exc!r}"
+                        if self._options["enable_idempotence"]:
+                            producer = await self._renew(producer)
+        except _UNAVAILABLE as exc:
+            raise SinkUnavailableError(f"Kafka at {self.where}: {exc!r}") from exc
+        return refused
 
     def _refusal(self, event: Event, failure: BaseException) -> str:
         if isinstance(failure, kerrors.MessageSizeTooLargeError):

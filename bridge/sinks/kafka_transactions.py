@@ -32,6 +32,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from bridge.errors import CheckpointError, SinkError, SinkUnavailableError
 from bridge.ground.envelope import Event
 from bridge.logging import get_logger
+from bridge.sinks.kafka import OUT_OF_STEP
 
 if TYPE_CHECKING:
     from bridge.sinks.kafka import KafkaSink
@@ -138,10 +139,12 @@ class TransactionalChannel:
         self,
         events: Sequence[Event],
         checkpoint: Callable[[Collection[int]], list[CheckpointRecord]],
+        extra: Sequence[_Record] = (),
     ) -> Mapping[int, str]:
-        """``events`` and their checkpoint records in one transaction; the events
-        the broker refused for good (index → reason) are left out of the one that
-        commits, and so are the records ``checkpoint(refused)`` leaves out."""
+        """``events``, then ``extra`` records (dead letters), and the checkpoint records
+        in one transaction; the events the broker refused for good (index → reason;
+        an index past the events is an ``extra`` record's) are left out of the one
+        that commits, and so are the records ``checkpoint(refused events)`` leaves out."""
         sink = self._sink
         refused: dict[int, str] = {}
         records: list[_Record] = []
@@ -156,13 +159,16 @@ class TransactionalChannel:
                     " may carry (sink.kafka.maxRequestSize)"
                 )
             records.append(record)
+        records.extend(extra)
         topic = self.checkpoint_topic
         n_events = len(events)
+        n_sent = len(records)
         # Records to send alone (a refusal is for a whole record batch, not one record).
         alone: set[int] = set()
         while True:
+            refused_events = [i for i in refused if i < n_events]
             rows: list[_Record] = [
-                (topic, key, value, []) for key, value in checkpoint(refused.keys())
+                (topic, key, value, []) for key, value in checkpoint(refused_events)
             ]
             failed = await self._transaction([*records, *rows], skip=refused, alone=alone)
             if not failed:
@@ -170,12 +176,17 @@ class TransactionalChannel:
             # Refused records: the transaction was aborted. A record refused alone is
             # refused for good; one refused with others goes again alone.
             for indices, exc in failed:
-                if any(i >= n_events for i in indices):
+                if any(i >= n_sent for i in indices):
                     raise CheckpointError(
                         f"Kafka refused a checkpoint record of topic {topic!r}: {exc!r}"
                     ) from exc
                 if len(indices) == 1:
-                    refused[indices[0]] = sink._refusal(events[indices[0]], exc)
+                    i = indices[0]
+                    refused[i] = (
+                        sink._refusal(events[i], exc)
+                        if i < n_events
+                        else f"topic {records[i][0]!r} refused the dead letter: {exc!r}"
+                    )
                 else:
                     alone.update(indices)
 
@@ -256,6 +267,15 @@ class TransactionalChannel:
                         fut.exception()
             retry = [e for _, e in failed if not isinstance(e, _REFUSALS)]
             await self._abort(producer)
+            if len(retry) < len(failed):
+                # The producer numbered the refused batches, which the broker did not
+                # take: its sequence numbers for their partitions are out of step, and
+                # every later batch there fails as out of order (in this transaction
+                # and the next). A new producer (a new epoch) numbers afresh, and those
+                # batches go again with it.
+                await self._drop(producer)
+                retry = [e for e in retry if not isinstance(e, OUT_OF_STEP)]
+                failed = [(i, e) for i, e in failed if isinstance(e, _REFUSALS)]
             if retry:
                 raise SinkUnavailableError(
                     f"Kafka at {sink.where}: transaction of {self.transactional_id!r}"

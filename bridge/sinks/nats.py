@@ -32,6 +32,8 @@ from bridge.ground.nats import (
     drop_queued,
     tls_context,
 )
+from bridge.sinks import deadletter
+from bridge.sinks.deadletter import DeadLetter
 
 if TYPE_CHECKING:
     pass
@@ -42,6 +44,17 @@ log = logging.getLogger(__name__)
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
 _NO_STREAM = "no responders"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(want) == len(got)
 
 
 def _transient(error: str) -> bool:
@@ -69,6 +82,7 @@ class NatsSink:
         retries: int = 2,
         retry_backoff: float = 0.2,
         duplicate_window: float = 120.0,
+        dead_letter_subject: str | None = None,
     ) -> None:
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.stream = stream
@@ -83,6 +97,8 @@ class NatsSink:
         self.retries = retries
         self.retry_backoff = retry_backoff
         self.duplicate_window = duplicate_window
+        # poisonPolicy deadLetter: where refused events go (bridge/sinks/deadletter.py).
+        self.dead_letter_subject = dead_letter_subject
         self._nc: Client | None = None
         self._publisher: JetStreamPublisher | None = None
         self._lock = asyncio.Lock()
@@ -128,32 +144,46 @@ class NatsSink:
         if self._publisher is not None:
             self._publisher.fail_all(f"disconnected from NATS at {self.where}")
 
+    @property
+    def dead_letter_stream(self) -> str | None:
+        """The stream the bridge creates for the dead-letter subject when the main
+        stream's subjects do not hold it (None: they do, or no dead letters)."""
+        subject = self.dead_letter_subject
+        if subject is None or any(subject_matches(p, subject) for p in self.subjects):
+            return None
+        return f"{self.stream}_DEAD_LETTERS"
+
     async def _ensure_stream(self, nc: Client) -> None:
+        await self._ensure(nc, self.stream, self.subjects)
+        if self.dead_letter_stream is not None and self.dead_letter_subject is not None:
+            await self._ensure(nc, self.dead_letter_stream, [self.dead_letter_subject])
+
+    async def _ensure(self, nc: Client, stream: str, subjects: list[str]) -> None:
         js = nc.jetstream(timeout=self.connect_timeout)
         try:
             try:
-                await js.stream_info(self.stream)
+                await js.stream_info(stream)
                 return
             except nats.js.errors.NotFoundError:
                 if not self.create_stream:
                     raise SinkError(
-                        f"NATS stream {self.stream!r} does not exist and create_stream is off"
+                        f"NATS stream {stream!r} does not exist and create_stream is off"
                     ) from None
             try:
                 await js.add_stream(
-                    name=self.stream,
-                    subjects=self.subjects,
+                    name=stream,
+                    subjects=subjects,
                     duplicate_window=self.duplicate_window,
                 )
             except nats.js.errors.BadRequestError as exc:
                 # Created meanwhile by another replica: use it as is. Otherwise the
                 # server refused the stream (e.g. subjects overlap another stream).
                 try:
-                    await js.stream_info(self.stream)
+                    await js.stream_info(stream)
                 except nats.js.errors.NotFoundError:
                     raise SinkError(
-                        f"NATS at {self.where}: cannot create stream {self.stream!r}"
-                        f" for {self.subjects}: {exc.description}"
+                        f"NATS at {self.where}: cannot create stream {stream!r}"
+                        f" for {subjects}: {exc.description}"
                     ) from exc
         except nats.js.errors.ServiceUnavailableError as exc:
             raise SinkUnavailableError(f"JetStream not available at {self.where}: {exc}") from exc
@@ -178,10 +208,17 @@ class NatsSink:
             payload = e.to_json()
             msg_id = e.msg_id or e.id
             size = len(payload) + len(msg_id) + _HEADER_OVERHEAD
+            headers = {MSG_ID: msg_id}
+            if e.traceparent:  # tracing on (bridge/delivery/tracing.py): "name: value\r\n"
+                headers["traceparent"] = e.traceparent
+                size += len("traceparent") + len(e.traceparent) + 4
+                if e.tracestate:
+                    headers["tracestate"] = e.tracestate
+                    size += len("tracestate") + len(e.tracestate) + 4
             if size > limit:
                 refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
                 continue
-            messages.append((e.nats_subject, payload, {MSG_ID: msg_id}))
+            messages.append((e.nats_subject, payload, headers))
             sent.append(i)
         if messages:
             # One batch at a time keeps per-subject order across concurrent callers.
@@ -244,6 +281,29 @@ class NatsSink:
             if start >= len(messages):
                 return refused
         raise SinkUnavailableError(f"NATS at {self.where}: {problem}")
+
+    async def publish_dead_letters(self, letters: Sequence[DeadLetter]) -> Mapping[int, str]:
+        """Dead letters on ``deadLetterSubject``, whole or cut to the server's
+        ``max_payload`` (headers count against it too); those refused are returned."""
+        nc, publisher = self._nc, self._publisher
+        if nc is None or publisher is None:
+            raise SinkError("NATS sink is not started")
+        subject = self.dead_letter_subject
+        if subject is None:
+            raise SinkError("a dead letter, but sink.nats.deadLetterSubject is not set")
+        messages: list[Outgoing] = []
+        for letter in letters:
+            msg_id = letter.event.id + deadletter.MSG_ID_SUFFIX
+
+            def overhead(headers: list[tuple[str, str]], msg_id: str = msg_id) -> int:
+                # "NATS/1.0\r\n", "name: value\r\n" each, "\r\n": what the server counts.
+                fields = [(MSG_ID, msg_id), *headers]
+                return 10 + sum(len(k) + len(v) + 4 for k, v in fields) + 2
+
+            payload, headers = deadletter.fitted(letter, nc.max_payload, overhead)
+            messages.append((subject, payload, {MSG_ID: msg_id, **dict(headers)}))
+        async with self._lock:
+            return await self._publish_with_retries(nc, publisher, messages)
 
     async def ping(self) -> bool:
         nc = self._nc

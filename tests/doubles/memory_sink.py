@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
+import orjson
+
 from bridge.errors import SinkError, SinkUnavailableError
 from bridge.ground.envelope import Event
+from bridge.sinks.deadletter import DeadLetter
+from tests.doubles.contract import assert_valid
 
 
 class MemorySink:
@@ -30,6 +34,11 @@ class MemorySink:
         self.refuse = refuse
         self.events: list[Event] = []
         self.batches: list[list[Event]] = []
+        # Every event taken is checked against the published schema (docs/contract/):
+        # the events of every scenario that publishes through this twin keep to it.
+        self.check_contract = True
+        # poisonPolicy deadLetter: the dead letters taken, in order.
+        self.dead_letters: list[DeadLetter] = []
         self.available = True
         self.started = False
         self.closed = False
@@ -59,6 +68,9 @@ class MemorySink:
             raise self._error("memory sink told to fail")
         refused: dict[int, str] = {}
         batch = []
+        if self.check_contract:
+            for event in events:
+                assert_valid(orjson.loads(event.to_json()))
         for i, event in enumerate(events):
             reason = self.refuse(event) if self.refuse is not None else None
             size = len(event.to_json()) if self.max_payload is not None else 0
@@ -71,6 +83,12 @@ class MemorySink:
         self.batches.append(batch)
         self.events.extend(batch)
         return refused
+
+    async def publish_dead_letters(self, letters: Sequence[DeadLetter]) -> Mapping[int, str]:
+        if not self.available:
+            raise SinkUnavailableError("memory sink is unavailable")
+        self.dead_letters.extend(letters)
+        return {}
 
     async def ping(self) -> bool:
         return self.available and not self.closed

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import yaml
 
+from tests.doubles.contract import assert_valid
 from tests.fixtures.waiting import until
 
 
@@ -86,6 +87,8 @@ class BridgeProcess:
         assert self.stdout is not None, "started without keep_stdout"
         lines = self.stdout.read_bytes().splitlines() if self.stdout.exists() else []
         events = [orjson.loads(line) for line in lines if line.strip()]
+        for e in events:
+            assert_valid(e)  # every scenario's events keep to the published schema
         return [e for e in events if change is None or e["type"].endswith(f".{change}")]
 
     async def readyz(self) -> tuple[int, str]:
@@ -168,6 +171,7 @@ async def jetstream_events(url: str, stream: str = "K8S") -> list[dict[str, Any]
                 break
             msg = await js.get_msg(stream, seq)
             doc = orjson.loads(msg.data or b"{}")
+            assert_valid(doc)  # every scenario's events keep to the published schema
             doc["_subject"] = msg.subject
             doc["_msg_id"] = (msg.headers or {}).get("Nats-Msg-Id")
             doc["_raw"] = msg.data

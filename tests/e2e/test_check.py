@@ -416,3 +416,26 @@ async def test_a_sharded_config_says_whether_the_server_honours_the_selector(
         assert all("shardSelector honoured by the server for uid:5555-aaaa" in s for s in shard)
     else:
         assert all("NOT honoured" in s and "filtered on the client" in s for s in shard), shard
+
+
+async def test_dead_letters_are_shown_and_a_missing_destination_is_one_line(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_control: NatsServer
+) -> None:
+    config = nats_config(tmp_path, kubeconfig, nats_control.url)
+    doc = yaml.safe_load(config.read_text())
+    doc["sink"]["poisonPolicy"] = "deadLetter"
+    config.write_text(yaml.safe_dump(doc))
+    code, lines, err = await check(config)
+    assert code == 2 and lines == [], (lines, err)
+    assert err.strip() == (
+        "config error: sink.poisonPolicy: deadLetter needs sink.nats.deadLetterSubject"
+    ), err
+    doc["sink"]["nats"]["deadLetterSubject"] = "deadletters.k8s"
+    config.write_text(yaml.safe_dump(doc))
+    code, lines, err = await check(config)
+    assert code == 0, (lines, err)
+    assert (
+        "ok    dead letters: v1/Pod, v1/Secret, example.com/v1/Widget: refused events go to"
+        " subject deadletters.k8s (stream K8S_DEAD_LETTERS); their truncated copies to the"
+        " main stream"
+    ) in lines, lines

@@ -424,6 +424,24 @@ async def test_skip_publishes_nothing_for_it_and_goes_on(
     assert cp is not None and cp.digests["default/huge"].state == CERTAIN
 
 
+async def test_dead_letter_takes_the_whole_event_and_the_stream_its_truncated_copy(
+    harness: Harness, emulator: Emulator
+) -> None:
+    p = await poisoned(harness, emulator, "deadLetter")
+    async with running(p):
+        await harness.settled(p)
+    by_subject = {e.subject: e for e in harness.sink.events}
+    assert set(by_subject) == {"default/before", "default/huge", "default/after"}
+    assert by_subject["default/huge"].data["truncated"] is True
+    [letter] = harness.sink.dead_letters
+    assert letter.event.id == by_subject["default/huge"].id
+    assert len(letter.event.data["object"]["metadata"]["annotations"]["blob"]) == 20_000
+    assert "the bus takes at most 10000" in letter.reason
+    assert p.stats.poison == {"dead_lettered": 1}
+    cp = await harness.checkpoints.load(RID)
+    assert cp is not None and cp.digests["default/huge"].state == CERTAIN
+
+
 async def test_fail_stops_the_resource_naming_the_object(
     harness: Harness, emulator: Emulator
 ) -> None:

@@ -14,6 +14,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.doubles.contract import assert_valid
 from tests.e2e.bridge_process import BridgeProcess, write_config
 from tests.fixtures.kube import KubeCluster
 
@@ -117,7 +118,9 @@ def decoded(records: list[ConsumerRecord[bytes, bytes]]) -> list[Body]:
     out = []
     for r in records:
         assert r.value is not None, r
-        out.append(orjson.loads(r.value))
+        event = orjson.loads(r.value)
+        assert_valid(event)  # every scenario's events keep to the published schema
+        out.append(event)
     return out
 
 

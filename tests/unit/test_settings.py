@@ -453,3 +453,60 @@ def test_a_bad_path_is_a_config_error_at_load_naming_the_key(tmp_path: Path, key
     assert str(info.value) == (
         f"config error: resources[0].{key}: ['status..x'] has a bad path 'status..x': empty segment"
     )
+
+
+# --- dead letters and tracing --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sink", "resource_policy", "message"),
+    [
+        (
+            {"kind": "kafka", "poisonPolicy": "deadLetter"},
+            None,
+            "sink.poisonPolicy: deadLetter needs sink.kafka.deadLetterTopic",
+        ),
+        (
+            {"kind": "nats"},
+            "deadLetter",
+            "resources[0].poisonPolicy: deadLetter needs sink.nats.deadLetterSubject",
+        ),
+        (
+            {"kind": "stdout", "poisonPolicy": "deadLetter"},
+            None,
+            "sink.poisonPolicy: deadLetter needs a kafka or nats sink (sink.kind is stdout)",
+        ),
+        (
+            {"kind": "nats", "nats": {"deadLetterSubject": "dead.>"}},
+            None,
+            "sink.nats.deadLetterSubject: 'dead.>' is not a plain NATS subject (no spaces,"
+            " wildcards or empty tokens)",
+        ),
+    ],
+)
+def test_dead_letters_without_a_destination_are_one_line_naming_the_key(
+    tmp_path: Path, sink: dict[str, Any], resource_policy: str | None, message: str
+) -> None:
+    resource: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod"}
+    if resource_policy:
+        resource["poisonPolicy"] = resource_policy
+    path = write(tmp_path, {"resources": [resource], "sink": sink})
+    assert error_of(path) == f"config error: {message}"
+
+
+def test_dead_letters_with_their_destination_load(tmp_path: Path) -> None:
+    sink = {"kind": "kafka", "poisonPolicy": "deadLetter", "kafka": {"deadLetterTopic": "dl"}}
+    settings = load_settings(write(tmp_path, {**MINIMAL, "sink": sink}), env={})
+    assert (settings.sink.poison_policy, settings.sink.kafka.dead_letter_topic) == (
+        "deadLetter",
+        "dl",
+    )
+
+
+def test_tracing_is_off_by_default_and_wants_an_http_endpoint(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, MINIMAL), env={}).tracing.otlp_endpoint is None
+    path = write(tmp_path, {**MINIMAL, "tracing": {"otlpEndpoint": "collector:4317"}})
+    assert error_of(path) == (
+        "config error: tracing.otlpEndpoint: 'collector:4317' is not an http(s) URL (OTLP over"
+        " HTTP, e.g. http://collector:4318/v1/traces)"
+    )
