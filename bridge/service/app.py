@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,7 +30,6 @@ from bridge.delivery.snapshot import SnapshotError, SnapshotResult, new_signal_i
 from bridge.errors import (
     BridgeError,
     CheckpointError,
-    ConfigError,
     KubeConnectionError,
     ResourceFailedError,
     ServerError,
@@ -39,11 +38,11 @@ from bridge.errors import (
 )
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
-from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.service.control import control_auth
 from bridge.service.health import HealthServer
+from bridge.service.kinds import ResolvedResource, resolve_entries
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
 from bridge.service.settings import (
@@ -119,12 +118,6 @@ async def _any_set(events: Sequence[asyncio.Event], timeout: float) -> None:
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         await cancel_and_wait(waiters)
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedResource:
-    settings: ResourceSettings
-    info: ResourceInfo
 
 
 class BridgeApp:
@@ -216,18 +209,11 @@ class BridgeApp:
     # -- building ---------------------------------------------------------------
 
     async def resolve(self, client: KubeClient) -> list[ResolvedResource]:
-        """Discover every configured resource; an unknown kind fails start-up in one line."""
-        discovery = Discovery(client)
-        resolved = []
-        for res in resources_for_shard(self.settings):
-            info = await discovery.resolve(res.api_version, res.kind)
-            if res.namespaces and not info.namespaced:
-                raise ConfigError(
-                    f"config error: resources[{res.api_version}/{res.kind}].namespaces: "
-                    f"{res.kind} is cluster-scoped; remove namespaces"
-                )
-            resolved.append(ResolvedResource(res, info))
-        return resolved
+        """Discover every configured resource, one per kind a group or allKinds entry
+        selects (bridge/service/kinds.py); an unknown kind fails start-up in one line."""
+        mine = {id(r) for r in resources_for_shard(self.settings)}
+        entries = [(i, r) for i, r in enumerate(self.settings.resources) if id(r) in mine]
+        return await resolve_entries(self.settings, client, entries)
 
     async def resolve_retrying(
         self, client: KubeClient, stop: asyncio.Event
@@ -477,9 +463,11 @@ class BridgeApp:
         """Re-announce every current object of the configured resource ``wanted`` (``Kind``
         or ``apiVersion/Kind``) in every scope this replica serves; the counts as JSON."""
         api_version, _, kind = wanted.rpartition("/")
+        # Named entries, and the kinds group/allKinds entries selected (served ones).
+        candidates = [*self.settings.resources, *(res for res, _ in self.served)]
         configured = [
             r
-            for r in self.settings.resources
+            for r in candidates
             if r.kind.lower() == kind.lower() and api_version in ("", r.api_version)
         ]
         if not configured:

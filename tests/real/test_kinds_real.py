@@ -1,0 +1,247 @@
+"""Group, ``kinds`` and ``allKinds`` entries against kube-apiserver's real discovery.
+
+The catalog is read from the server's aggregated discovery (one request for the
+core group, one for the rest); a group entry selects the kinds of that group that
+can be listed and watched, at the preferred version; ``allKinds`` leaves out
+Events, Leases, EndpointSlices and everything without list+watch (TokenReview,
+SubjectAccessReview). A selected kind's pipeline keeps the checkpoint key a
+hand-written entry of that kind has: switching between the two publishes nothing
+again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.errors import UnknownKindError
+from bridge.kube.client import KubeClient
+from bridge.kube.kinds import KindSelection, read_catalog, select_kinds
+from tests.e2e.bridge_process import (
+    BridgeProcess,
+    jetstream_events,
+    run_until_exit,
+    until,
+    write_config,
+)
+from tests.fixtures.kube import KubeCluster
+from tests.fixtures.nats import NatsServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def crd_manifest(group: str, kind: str, plural: str, versions: list[str]) -> str:
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [
+                {
+                    "name": v,
+                    "served": True,
+                    "storage": i == 0,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+                for i, v in enumerate(versions)
+            ],
+        },
+    }
+    return json.dumps(crd)
+
+
+class Group:
+    """Two namespaced kinds, Gizmo and Sprocket, in a group of the test's own."""
+
+    def __init__(self) -> None:
+        self.name = f"k{uuid.uuid4().hex[:8]}.k8s-bridge.test"
+        self.api_version = f"{self.name}/v1"
+
+    def apply(self, cluster: KubeCluster) -> None:
+        for kind, plural in (("Gizmo", "gizmos"), ("Sprocket", "sprockets")):
+            cluster.kubectl("apply", "-f", "-", stdin=crd_manifest(self.name, kind, plural, ["v1"]))
+            cluster.kubectl(
+                "wait", "--for=condition=Established", f"crd/{plural}.{self.name}", "--timeout=60s"
+            )
+
+    def delete(self, cluster: KubeCluster) -> None:
+        for plural in ("gizmos", "sprockets"):
+            cluster.kubectl(
+                "delete", "crd", f"{plural}.{self.name}", "--ignore-not-found", "--wait=false"
+            )
+
+    def obj(self, kind: str, name: str, namespace: str, size: int) -> str:
+        return json.dumps(
+            {
+                "apiVersion": self.api_version,
+                "kind": kind,
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"size": size},
+            }
+        )
+
+
+async def test_the_real_aggregated_discovery_selects_groups_and_all_kinds(
+    kube_cluster: KubeCluster, real_kubeconfig: Path
+) -> None:
+    async with await KubeClient.from_kubeconfig(str(real_kubeconfig)) as client:
+        catalog = await read_catalog(client)
+        assert catalog.aggregated
+        apps = await select_kinds(catalog, KindSelection("resources[0]", "apps"))
+        assert [i.kind for i in apps] == [
+            "ControllerRevision",
+            "DaemonSet",
+            "Deployment",
+            "ReplicaSet",
+            "StatefulSet",
+        ]
+        assert {i.version for i in apps} == {"v1"}
+        core = await select_kinds(
+            catalog, KindSelection("resources[0]", "", kinds=("Config*", "Secret"))
+        )
+        assert [(i.api_version, i.kind) for i in core] == [("v1", "ConfigMap"), ("v1", "Secret")]
+        everything = await select_kinds(catalog, KindSelection("resources[0]", None))
+        kinds = {(i.group, i.kind) for i in everything}
+        assert {("", "Pod"), ("", "ConfigMap"), ("", "Secret"), ("apps", "Deployment")} <= kinds
+        for left_out in (
+            ("", "Event"),
+            ("events.k8s.io", "Event"),
+            ("coordination.k8s.io", "Lease"),
+            ("discovery.k8s.io", "EndpointSlice"),
+            ("authentication.k8s.io", "TokenReview"),
+            ("authorization.k8s.io", "SubjectAccessReview"),
+        ):
+            assert left_out not in kinds
+        assert all("list" in i.verbs and "watch" in i.verbs for i in everything)
+        # Namespaces named: cluster-scoped kinds are left out; exclusions by Kind.group.
+        namespaced = await select_kinds(
+            catalog,
+            KindSelection(
+                "resources[1]", None, exclude=("Secret", "Deployment.apps"), namespaced_only=True
+            ),
+        )
+        names = {(i.group, i.kind) for i in namespaced}
+        assert ("", "Namespace") not in names and ("", "Node") not in names
+        assert ("", "Secret") not in names and ("apps", "Deployment") not in names
+        assert ("apps", "StatefulSet") in names
+
+        with pytest.raises(UnknownKindError) as bad_group:
+            await select_kinds(catalog, KindSelection("resources[2]", "nope.example.com"))
+        assert str(bad_group.value).startswith(
+            "config error: resources[2].group: 'nope.example.com' is not served"
+        )
+        with pytest.raises(UnknownKindError) as bad_exclude:
+            await select_kinds(catalog, KindSelection("resources[3]", "apps", exclude=("Dog",)))
+        assert "resources[3].exclude: 'Dog' names no kind" in str(bad_exclude.value)
+        with pytest.raises(UnknownKindError) as virtual:
+            await select_kinds(
+                catalog,
+                KindSelection("resources[4]", "authentication.k8s.io", kinds=("TokenReview",)),
+            )
+        assert "cannot be listed and watched" in str(virtual.value)
+
+
+async def test_a_group_entry_publishes_every_kind_and_keeps_the_checkpoints_of_explicit_entries(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kubeconfig: Path,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    group = Group()
+    group.apply(kube_cluster)
+    try:
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g1", ns, 1))
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Sprocket", "s1", ns, 1))
+        settings = {"namespaces": [ns], "ignoreFields": ["metadata.labels"]}
+        by_group = [{"group": group.name, "kinds": ["*"], **settings}]
+        explicit = [
+            {"apiVersion": group.api_version, "kind": k, **settings} for k in ("Gizmo", "Sprocket")
+        ]
+
+        def config(resources: list[dict[str, Any]]) -> Path:
+            return write_config(
+                tmp_path / "bridge.yaml",
+                kubeconfig=real_kubeconfig,
+                sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+                resources=resources,
+            )
+
+        async def ours() -> list[tuple[str, str]]:
+            return [
+                (e["type"].split(".", 2)[2], e["subject"])
+                for e in await jetstream_events(nats_control.url)
+                if group.name in e["type"]
+            ]
+
+        v1 = f"{group.name}.v1"
+        first = [(f"{v1}.Gizmo.added", f"{ns}/g1"), (f"{v1}.Sprocket.added", f"{ns}/s1")]
+
+        async def published(expected: list[tuple[str, str]]) -> bool:
+            return sorted(await ours()) == sorted(expected)
+
+        bridge = BridgeProcess(config(by_group))
+        await bridge.start()
+        try:
+            await bridge.wait_ready(60)
+            await until(lambda: published(first), 30, bridge.tail_log)
+            # Every setting of the entry applies to each kind: ignoreFields.
+            kube_cluster.kubectl("label", "gizmo", "g1", "-n", ns, "ignored=yes")
+            kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Sprocket", "s1", ns, 2))
+            second = [*first, (f"{v1}.Sprocket.modified", f"{ns}/s1")]
+            await until(lambda: published(second), 30, bridge.tail_log)
+        finally:
+            assert await bridge.stop() == 0, bridge.tail_log()
+
+        # The same kinds by explicit entries: the same checkpoints, nothing again.
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g2", ns, 1))
+        bridge = BridgeProcess(config(explicit))
+        await bridge.start()
+        third = [*second, (f"{v1}.Gizmo.added", f"{ns}/g2")]
+        try:
+            await bridge.wait_ready(60)
+            await until(lambda: published(third), 30, bridge.tail_log)
+        finally:
+            assert await bridge.stop() == 0, bridge.tail_log()
+        # And back to the group entry: still nothing again.
+        kube_cluster.kubectl("delete", "sprocket", "s1", "-n", ns)
+        bridge = BridgeProcess(config(by_group))
+        await bridge.start()
+        fourth = [*third, (f"{v1}.Sprocket.deleted", f"{ns}/s1")]
+        try:
+            await bridge.wait_ready(60)
+            await until(lambda: published(fourth), 30, bridge.tail_log)
+        finally:
+            assert await bridge.stop() == 0, bridge.tail_log()
+        assert sorted(await ours()) == sorted(fourth)
+    finally:
+        group.delete(kube_cluster)
+
+
+async def test_a_group_entry_the_server_does_not_serve_stops_run_with_one_line(
+    kube_cluster: KubeCluster, real_kubeconfig: Path, nats_control: NatsServer, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=real_kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"group": "apps", "exclude": ["Deployment", "Kennel"]}],
+    )
+    code, err = await run_until_exit(BridgeProcess(config), 60)
+    assert code != 0
+    lines = [line for line in err.splitlines() if "Kennel" in line]
+    assert len(lines) == 1, err
+    assert "resources[0].exclude: 'Kennel' names no kind the API server serves in apps" in lines[0]
