@@ -30,6 +30,7 @@ from tests.e2e.bridge_process import (
 )
 from tests.fixtures.kube import KubeCluster
 from tests.fixtures.nats import NatsServer
+from tests.real.test_check_real import allowed, binding, check, failures, role
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -245,3 +246,38 @@ async def test_a_group_entry_the_server_does_not_serve_stops_run_with_one_line(
     lines = [line for line in err.splitlines() if "Kennel" in line]
     assert len(lines) == 1, err
     assert "resources[0].exclude: 'Kennel' names no kind the API server serves in apps" in lines[0]
+
+
+async def test_check_says_which_kinds_a_group_entry_selects_and_which_it_may_not_list(
+    kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path
+) -> None:
+    ns = kube_namespace
+    group = Group()
+    group.apply(kube_cluster)
+    try:
+        token = kube_cluster.service_account_token(ns, "bridge")
+        rules = [{"apiGroups": [group.name], "resources": ["gizmos"], "verbs": ["list", "watch"]}]
+        kube_cluster.create(role(ns, "watch", rules))
+        kube_cluster.create(binding("RoleBinding", "watch", ns))
+        await allowed(kube_cluster, token, "watch", group.name, "gizmos", namespace=ns)
+        kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)
+        config = write_config(
+            tmp_path / "bridge.yaml",
+            kubeconfig=kubeconfig,
+            sink={"kind": "stdout"},
+            resources=[{"group": group.name, "namespaces": [ns]}],
+            server={"host": "127.0.0.1", "port": 0, "controlAuth": "none"},
+        )
+        code, lines = await check(config)
+        assert code == 1, lines
+        gizmo, sprocket = f"{group.api_version}/Gizmo", f"{group.api_version}/Sprocket"
+        assert f"ok    resources[0] kinds: selects {gizmo}, {sprocket}" in lines, lines
+        assert any(line.startswith(f"ok    resource {gizmo} watch: allowed") for line in lines)
+        failed = failures(lines)
+        assert [line.split(":")[0] for line in failed] == [
+            f"FAIL  resource {sprocket} list",
+            f"FAIL  resource {sprocket} watch",
+        ], lines
+        assert f"grant list on sprockets.{group.name}" in failed[0]
+    finally:
+        group.delete(kube_cluster)
