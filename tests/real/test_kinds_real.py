@@ -281,3 +281,91 @@ async def test_check_says_which_kinds_a_group_entry_selects_and_which_it_may_not
         assert f"grant list on sprockets.{group.name}" in failed[0]
     finally:
         group.delete(kube_cluster)
+
+
+async def test_metadata_only_publishes_metadata_changes_exactly_across_a_restart(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kubeconfig: Path,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+
+    def cm(name: str, data: str, **labels: str) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "labels": labels,
+                    "finalizers": ["k8s-bridge.test/keep"] if name == "b" else [],
+                },
+                "data": {"payload": data},
+            }
+        )
+
+    for name in ("a", "b", "c"):
+        kube_cluster.kubectl("apply", "-f", "-", stdin=cm(name, "x" * 1000, tier="one"))
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=real_kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"group": "", "kinds": ["ConfigMap"], "namespaces": [ns], "metadataOnly": True}],
+    )
+
+    async def ours() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await jetstream_events(nats_control.url)
+            if e["subject"].startswith(f"{ns}/") and e["type"].startswith("io.k8s.core.v1.ConfigMap.")
+        ]
+
+    def changes(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(e["type"].rsplit(".", 1)[1], e["subject"]) for e in events]
+
+    async def published(expected: list[tuple[str, str]]) -> bool:
+        return sorted(changes(await ours())) == sorted(expected)
+
+    added = [("added", f"{ns}/{n}") for n in ("a", "b", "c")]
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready(60)
+        await until(lambda: published(added), 30, bridge.tail_log)
+        obj = next(e for e in await ours() if e["subject"] == f"{ns}/b")["data"]["object"]
+        # The object is its metadata, named as the ConfigMap it is; data never travelled.
+        assert set(obj) == {"apiVersion", "kind", "metadata"}, obj
+        assert (obj["apiVersion"], obj["kind"]) == ("v1", "ConfigMap")
+        assert obj["metadata"]["labels"] == {"tier": "one"}
+        assert obj["metadata"]["finalizers"] == ["k8s-bridge.test/keep"]
+        # A change of data alone publishes nothing; a label change does.
+        # (a patch: apply would change the last-applied annotation, which is metadata)
+        patch = json.dumps({"data": {"payload": "y" * 1000}})
+        kube_cluster.kubectl("patch", "configmap", "a", "-n", ns, "--type=merge", "-p", patch)
+        kube_cluster.kubectl("apply", "-f", "-", stdin=cm("c", "x" * 1000, tier="two"))
+        await until(lambda: published([*added, ("modified", f"{ns}/c")]), 30, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+    # While down: a deleted, a label of b changed.
+    kube_cluster.kubectl("delete", "configmap", "a", "-n", ns)
+    kube_cluster.kubectl("apply", "-f", "-", stdin=cm("b", "x" * 1000, tier="three"))
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    final = [*added, ("modified", f"{ns}/c"), ("deleted", f"{ns}/a"), ("modified", f"{ns}/b")]
+    try:
+        await bridge.wait_ready(60)
+        await until(lambda: published(final), 30, bridge.tail_log)
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+    events = await ours()
+    assert sorted(changes(events)) == sorted(final)
+    # Ids as for full objects: uid:resourceVersion, each once.
+    assert all(
+        e["id"] == f"{e['data']['object']['metadata']['uid']}:{e['resourceversion']}"
+        for e in events
+        if not e["type"].endswith("deleted")
+    ), events
+    assert len({e["id"] for e in events}) == len(events)
