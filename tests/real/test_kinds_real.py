@@ -283,7 +283,9 @@ async def test_check_says_which_kinds_a_group_entry_selects_and_which_it_may_not
         group.delete(kube_cluster)
 
 
+@pytest.mark.parametrize("watch_list", ["on", "off"])
 async def test_metadata_only_publishes_metadata_changes_exactly_across_a_restart(
+    watch_list: str,
     kube_cluster: KubeCluster,
     kube_namespace: str,
     real_kubeconfig: Path,
@@ -314,6 +316,8 @@ async def test_metadata_only_publishes_metadata_changes_exactly_across_a_restart
         kubeconfig=real_kubeconfig,
         sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
         resources=[{"group": "", "kinds": ["ConfigMap"], "namespaces": [ns], "metadataOnly": True}],
+        # on: a streaming list (a watch); off: paginated LISTs
+        informer={"watchList": watch_list},
     )
 
     async def ours() -> list[dict[str, Any]]:
