@@ -6,10 +6,11 @@ other setting unchanged, so the pipeline, its checkpoint key, its events and its
 filters are exactly those a hand-written entry of that kind would get: switching
 between a group entry and explicit entries keeps the checkpoints.
 
-A kind named by an explicit entry is left out of every selecting entry (the explicit
-entry says how to watch it). Two selecting entries that take the same kind with
-overlapping namespaces and the same selectors would publish each change twice:
-that is one config error naming both.
+The more specific entry takes a kind: one named by an explicit entry is left out of
+every selecting entry, one selected by a group entry is left out of ``allKinds``
+entries. Two entries of the same rank that take the same kind with overlapping
+namespaces and the same selectors would publish each change twice: that is one
+config error naming both.
 """
 
 from __future__ import annotations
@@ -84,14 +85,20 @@ async def resolve_entries(
         explicit.add(_group_kind(info))
         resolved.append(ResolvedResource(res, info, index))
     taken: dict[tuple[str, str, str], list[ResolvedResource]] = {}
-    for index, res in entries:
-        if not res.selects_kinds:
-            continue
+    by_group: set[str] = set()
+    # Group entries before allKinds ones: the more specific entry takes the kind.
+    selecting = [(i, r) for i, r in entries if r.selects_kinds]
+    selecting.sort(key=lambda e: e[1].all_kinds)
+    for index, res in selecting:
         if catalog is None:
             catalog = await read_catalog(client)
         for info in await select_kinds(catalog, selection_of(res, index)):
             if _group_kind(info) in explicit:
                 continue
+            if res.all_kinds and _group_kind(info) in by_group:
+                continue
+            if not res.all_kinds:
+                by_group.add(_group_kind(info))
             entry = as_entry(res, info)
             if not in_shard(settings, entry.gvk):
                 continue

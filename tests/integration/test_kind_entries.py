@@ -101,6 +101,11 @@ async def test_an_explicit_entry_takes_its_kind_out_of_selecting_entries_and_ove
         ]
         # The selected kind is the entry, named: every other setting carried.
         assert got[1].settings.api_version == "v1" and got[1].settings.ignore_fields == ["data.x"]
-        twice = settings({"group": "", "kinds": ["ConfigMap"]}, {"allKinds": True})
+        # A group entry takes its kinds out of allKinds; two group entries may not share.
+        ranked = settings({"allKinds": True}, {"group": "", "kinds": ["ConfigMap"]})
+        got = await resolve_entries(ranked, client, list(enumerate(ranked.resources)))
+        assert [r.entry for r in got if r.settings.kind == "ConfigMap"] == [1]
+        assert len([r for r in got if r.entry == 0]) > 5
+        twice = settings({"group": "", "kinds": ["ConfigMap"]}, {"group": "", "kinds": ["Conf*"]})
         with pytest.raises(ConfigError, match=r"resources\[0\] and resources\[1\] both select"):
             await resolve_entries(twice, client, list(enumerate(twice.resources)))

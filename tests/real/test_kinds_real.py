@@ -324,7 +324,8 @@ async def test_metadata_only_publishes_metadata_changes_exactly_across_a_restart
         return [
             e
             for e in await jetstream_events(nats_control.url)
-            if e["subject"].startswith(f"{ns}/") and e["type"].startswith("io.k8s.core.v1.ConfigMap.")
+            if e["subject"].startswith(f"{ns}/")
+            and e["type"].startswith("io.k8s.core.v1.ConfigMap.")
         ]
 
     def changes(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
