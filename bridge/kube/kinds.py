@@ -184,6 +184,7 @@ class KindSelection:
     version: str | None = None  # pinned; None: the group's preferred version
     kinds: tuple[str, ...] = ("*",)  # kind names or shell patterns (``*``, ``Cron*``)
     exclude: tuple[str, ...] = ()  # ``Kind`` (any group) or ``Kind.group``
+    # Unpinned, each kind is taken at the group's most preferred version serving it.
     namespaced_only: bool = False  # the entry names namespaces: cluster-scoped kinds left out
 
     @property
@@ -227,8 +228,10 @@ async def select_kinds(catalog: KindCatalog, sel: KindSelection) -> list[Resourc
                     f"{sel.version} (served: {', '.join(g.versions) or 'none'})"
                 )
             chosen.append((name, sel.version))
-        elif g.versions:
-            chosen.append((name, g.versions[0]))
+        else:
+            # Every version, preferred first: a kind is taken at the first that serves
+            # it (CRDs of one group may serve different versions).
+            chosen.extend((name, v) for v in g.versions)
     await catalog.preload(chosen)
     served: list[ResourceInfo] = []
     for name, version in chosen:
@@ -257,7 +260,10 @@ async def select_kinds(catalog: KindCatalog, sel: KindSelection) -> list[Resourc
     out: list[ResourceInfo] = []
     seen: set[tuple[str, str]] = set()
     for info in served:
-        if not watchable(info) or (info.group, info.kind) in seen:
+        if (info.group, info.kind) in seen:
+            continue  # served at a version preferred over this one
+        seen.add((info.group, info.kind))
+        if not watchable(info):
             continue
         if not any(fnmatch.fnmatchcase(info.kind, k) for k in sel.kinds):
             continue
@@ -267,7 +273,6 @@ async def select_kinds(catalog: KindCatalog, sel: KindSelection) -> list[Resourc
             continue
         if sel.namespaced_only and not info.namespaced:
             continue
-        seen.add((info.group, info.kind))
         out.append(info)
     out.sort(key=lambda i: (i.group, i.kind))
     return out

@@ -169,6 +169,15 @@ class Metrics:
             registry=registry,
         )
 
+        self.kinds_skipped = Gauge(
+            "kinds_skipped",
+            "1 for a kind a group/allKinds entry selects but the bridge leaves out: forbidden"
+            " (a LIST is a 403) or unavailable (its aggregated API does not answer)",
+            ["resource", "reason"],
+            namespace=ns,
+            registry=registry,
+        )
+
     def set_checkpoint(self, resource: str, resource_version: str) -> None:
         """Record a stored checkpoint; non-numeric resourceVersions leave the gauge unchanged
         (they are opaque by contract, numeric in every real API server)."""

@@ -71,8 +71,11 @@ async def test_legacy_discovery_selects_a_group_and_all_kinds(
         catalog = await read_catalog(client)
         assert not catalog.aggregated  # the emulator has no aggregated documents
         picked = await select_kinds(catalog, KindSelection("resources[0]", "example.com"))
-        # The preferred version only: Widget at v1 (the emulator prefers the first).
-        assert [(i.api_version, i.kind) for i in picked] == [("example.com/v1", "Widget")]
+        # Each kind at the most preferred version serving it (the emulator prefers v1).
+        assert [(i.api_version, i.kind) for i in picked] == [
+            ("example.com/v2", "Gadget"),
+            ("example.com/v1", "Widget"),
+        ]
         pinned = await select_kinds(
             catalog, KindSelection("resources[0]", "example.com", version="v2")
         )

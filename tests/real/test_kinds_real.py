@@ -11,6 +11,7 @@ again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -374,3 +375,97 @@ async def test_metadata_only_publishes_metadata_changes_exactly_across_a_restart
         if not e["type"].endswith("deleted")
     ), events
     assert len({e["id"] for e in events}) == len(events)
+
+
+async def test_kinds_that_appear_and_go_while_the_bridge_runs(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kubeconfig: Path,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    group = Group()
+    gizmos, sprockets = f"gizmos.{group.name}", f"sprockets.{group.name}"
+
+    def crd(kind: str, plural: str, versions: list[str]) -> None:
+        kube_cluster.kubectl(
+            "apply", "-f", "-", stdin=crd_manifest(group.name, kind, plural, versions)
+        )
+        name = f"{plural}.{group.name}"
+        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+    crd("Gizmo", "gizmos", ["v1"])
+    kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g1", ns, 1))
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=real_kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"group": group.name, "namespaces": [ns]}],
+    )
+
+    async def ours() -> list[dict[str, Any]]:
+        return [e for e in await jetstream_events(nats_control.url) if group.name in e["type"]]
+
+    def changes(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(e["type"].split(".", 2)[2], e["subject"]) for e in events]
+
+    async def published(expected: list[tuple[str, str]]) -> bool:
+        return sorted(changes(await ours())) == sorted(expected)
+
+    v1 = f"{group.name}.v1"
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready(60)
+        first = [(f"{v1}.Gizmo.added", f"{ns}/g1")]
+        await until(lambda: published(first), 30, bridge.tail_log)
+
+        # A kind appears: its objects are published, as the initial list's adds.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        crd("Sprocket", "sprockets", ["v1"])
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Sprocket", "s1", ns, 1))
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Sprocket", "s2", ns, 1))
+        second = [
+            *first,
+            (f"{v1}.Sprocket.added", f"{ns}/s1"),
+            (f"{v1}.Sprocket.added", f"{ns}/s2"),
+        ]
+        await until(lambda: published(second), 20, bridge.tail_log)
+        print(f"CRD applied → its objects published: {loop.time() - started:.1f}s")
+
+        # A new served (and preferred) version of Gizmo: nothing republished; the
+        # pipeline goes on at v1, still served.
+        crd("Gizmo", "gizmos", ["v1", "v2"])
+        await asyncio.sleep(6)  # a change is read at once and 2 s later
+        assert await published(second), changes(await ours())
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g1", ns, 2))
+        third = [*second, (f"{v1}.Gizmo.modified", f"{ns}/g1")]
+        await until(lambda: published(third), 20, bridge.tail_log)
+
+        # A kind goes: its objects' deletes, then its pipeline stops with one line.
+        kube_cluster.kubectl("delete", "crd", sprockets, "--wait=true", "--timeout=60s")
+        fourth = [
+            *third,
+            (f"{v1}.Sprocket.deleted", f"{ns}/s1"),
+            (f"{v1}.Sprocket.deleted", f"{ns}/s2"),
+        ]
+        await until(lambda: published(fourth), 30, bridge.tail_log)
+
+        def stopped() -> list[str]:
+            return [
+                line
+                for line in bridge.log.read_text().splitlines()
+                if "kind no longer served" in line
+            ]
+
+        await until(lambda: bool(stopped()), 30, bridge.tail_log)
+        assert len(stopped()) == 1 and f"{group.name}/v1/sprockets@{ns}" in stopped()[0]
+        await bridge.wait_ready(30)
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+        kube_cluster.kubectl(
+            "delete", "crd", gizmos, sprockets, "--ignore-not-found", "--wait=false"
+        )
+    assert sorted(changes(await ours())) == sorted(fourth)
