@@ -469,3 +469,53 @@ async def test_kinds_that_appear_and_go_while_the_bridge_runs(
             "delete", "crd", gizmos, sprockets, "--ignore-not-found", "--wait=false"
         )
     assert sorted(changes(await ours())) == sorted(fourth)
+
+
+async def test_a_selected_kind_the_bridge_may_not_list_is_one_warning_and_a_metric(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    group = Group()
+    group.apply(kube_cluster)
+    try:
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g1", ns, 1))
+        kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Sprocket", "s1", ns, 1))
+        token = kube_cluster.service_account_token(ns, "bridge")
+        rules = [{"apiGroups": [group.name], "resources": ["gizmos"], "verbs": ["list", "watch"]}]
+        kube_cluster.create(role(ns, "watch", rules))
+        kube_cluster.create(binding("RoleBinding", "watch", ns))
+        await allowed(kube_cluster, token, "watch", group.name, "gizmos", namespace=ns)
+        kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)
+        config = write_config(
+            tmp_path / "bridge.yaml",
+            kubeconfig=kubeconfig,
+            sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+            resources=[{"group": group.name, "namespaces": [ns]}],
+        )
+        bridge = BridgeProcess(config)
+        await bridge.start()
+        try:
+            await bridge.wait_ready(60)
+
+            async def gizmo_published() -> bool:
+                events = await jetstream_events(nats_control.url)
+                return [e["subject"] for e in events if group.name in e["type"]] == [f"{ns}/g1"]
+
+            await until(gizmo_published, 30, bridge.tail_log)
+            label = f"{group.api_version}/sprockets"
+            left_out = [
+                line
+                for line in bridge.log.read_text().splitlines()
+                if "selected kind left out" in line
+            ]
+            assert len(left_out) == 1 and label in left_out[0], bridge.tail_log()
+            assert "may not list it" in left_out[0]
+            metric = f'k8s_bridge_kinds_skipped{{reason="forbidden",resource="{label}"}} 1.0'
+            assert metric in await bridge.metrics()
+        finally:
+            assert await bridge.stop() == 0, bridge.tail_log()
+    finally:
+        group.delete(kube_cluster)
