@@ -25,6 +25,7 @@ from bridge.kube.kinds import KindSelection, read_catalog, select_kinds
 from tests.e2e.bridge_process import (
     BridgeProcess,
     jetstream_events,
+    kill9,
     run_until_exit,
     until,
     write_config,
@@ -519,3 +520,79 @@ async def test_a_selected_kind_the_bridge_may_not_list_is_one_warning_and_a_metr
             assert await bridge.stop() == 0, bridge.tail_log()
     finally:
         group.delete(kube_cluster)
+
+
+async def test_kill_9_while_a_kind_is_being_added_loses_nothing_and_republishes_nothing(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kubeconfig: Path,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    group = Group()
+    kube_cluster.kubectl(
+        "apply", "-f", "-", stdin=crd_manifest(group.name, "Gizmo", "gizmos", ["v1"])
+    )
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/gizmos.{group.name}", "--timeout=60s"
+    )
+    kube_cluster.kubectl("apply", "-f", "-", stdin=group.obj("Gizmo", "g1", ns, 1))
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=real_kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"group": group.name, "namespaces": [ns]}],
+    )
+
+    async def ours() -> list[dict[str, Any]]:
+        return [e for e in await jetstream_events(nats_control.url) if group.name in e["type"]]
+
+    def create(name: str) -> None:
+        path = f"/apis/{group.api_version}/namespaces/{ns}/sprockets"
+        body = json.loads(group.obj("Sprocket", name, ns, 1))
+        status, out = kube_cluster.raw("POST", path, body)
+        assert status == 201, out
+
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready(60)
+        await until(lambda: _count(ours, 1), 30, bridge.tail_log)
+        kube_cluster.kubectl(
+            "apply", "-f", "-", stdin=crd_manifest(group.name, "Sprocket", "sprockets", ["v1"])
+        )
+        kube_cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/sprockets.{group.name}", "--timeout=60s"
+        )
+        # Objects created while the bridge starts the kind's pipeline; killed mid-way.
+        for i in range(40):
+            await asyncio.to_thread(create, f"s{i}")
+            if i == 10:
+                await until(lambda: _count(ours, 2), 20, bridge.tail_log)
+            if i == 20:
+                kill9(bridge)
+                assert bridge.proc is not None
+                await bridge.proc.wait()
+        bridge = BridgeProcess(config)
+        await bridge.start()
+        await bridge.wait_ready(60)
+        await until(lambda: _count(ours, 41), 30, bridge.tail_log)
+        await asyncio.sleep(2)  # anything more would be a republish
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+        group.delete(kube_cluster)
+    events = await ours()
+    subjects = [e["subject"] for e in events]
+    # Every object once; g1, published before the kill, not again.
+    assert sorted(subjects) == sorted([f"{ns}/g1", *(f"{ns}/s{i}" for i in range(40))]), subjects
+    # Each with the id of its creation: an add written ahead but not on the bus at the
+    # kill is republished (as modified) with that same id, never with a new one.
+    for e in events:
+        obj = e["data"]["object"]["metadata"]
+        assert e["id"] == f"{obj['uid']}:{obj['resourceVersion']}", e
+        assert e["type"].rsplit(".", 1)[1] in ("added", "modified"), e
+
+
+async def _count(ours: Any, n: int) -> bool:
+    return len(await ours()) >= n
