@@ -165,6 +165,9 @@ class BridgeApp:
         self.kinds_refresh_every = 30.0
         # How long a kind that went away may take to publish what it decided.
         self.retire_timeout = 15.0
+        # Pipelines listing at once at start (bridge/service/app.py, _start_gradually).
+        self.start_concurrency = 16
+        self.start_slot_seconds = 30.0
         # Snapshot signals in progress, per pipeline label; cancelled with the pipelines.
         self._snapshots: dict[str, asyncio.Task[SnapshotResult]] = {}
         self.client: KubeClient | None = None
@@ -309,7 +312,7 @@ class BridgeApp:
         )
         self._pipeline_settings = pipeline_settings
         pipelines = []
-        self.served, self.heartbeats = [], []
+        self.served, self.heartbeats, self.origin = [], [], {}
         for r in resolved:
             pipelines.extend(self._build(client, r))
         return pipelines
@@ -444,9 +447,8 @@ class BridgeApp:
             if not await self._open_store(stop):
                 return
         self._tasks = {}
-        for p in self.pipelines:
-            self._start(p)
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
+        waiters.append(asyncio.create_task(self._start_gradually(), name="starter"))
         if lost is not None:
             waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
         waiters.append(
@@ -514,6 +516,29 @@ class BridgeApp:
             await asyncio.gather(*waiters, return_exceptions=True)
             self._tasks = {}
 
+    async def _start_gradually(self) -> None:
+        """Start the pipelines, at most ``start_concurrency`` of them listing at once: a
+        bridge of hundreds of kinds must not open hundreds of lists in one instant. A
+        pipeline that has not synced after ``start_slot_seconds`` lets the next one go."""
+        loop = asyncio.get_running_loop()
+        started: dict[ResourcePipeline, float] = {}
+        for p in list(self.pipelines):
+            while True:
+                now = loop.time()
+                listing = [
+                    q
+                    for q, at in started.items()
+                    if now - at < self.start_slot_seconds and not q.has_synced()
+                ]
+                if len(listing) < self.start_concurrency:
+                    break
+                await asyncio.sleep(0.02)
+            if p in self.pipelines and p not in self._tasks:
+                self._start(p)
+                started[p] = loop.time()
+                self._kinds_changed.set()  # the run loop waits on the new tasks too
+        await asyncio.Event().wait()
+
     def _start(self, p: ResourcePipeline) -> None:
         """Run ``p`` and its heartbeat, if any."""
         tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}")]
@@ -536,7 +561,8 @@ class BridgeApp:
         async with self._kinds_lock:
             running: dict[tuple[int, str, str], list[ResourcePipeline]] = {}
             for p, r in self.origin.items():
-                if p in self._tasks and self._selected(r):
+                # Built is enough: at start some wait their turn to list (_start_gradually).
+                if p in self.pipelines and self._selected(r):
                     running.setdefault(_kind_key(r), []).append(p)
             wanted: dict[tuple[int, str, str], ResolvedResource] = {}
             for r in resolved:
