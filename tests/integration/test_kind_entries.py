@@ -4,6 +4,7 @@ discovery documents (the real server's aggregated discovery: tests/real/test_kin
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from bridge.kube.client import KubeClient
 from bridge.kube.kinds import KindSelection, read_catalog, select_kinds
 from bridge.service.kinds import resolve_entries
 from bridge.service.settings import Settings, load_settings, resources_for_shard
+from tests.e2e.bridge_process import until
 
 
 def settings(*resources: dict[str, Any], **extra: Any) -> Settings:
@@ -112,3 +114,41 @@ async def test_an_explicit_entry_takes_its_kind_out_of_selecting_entries_and_ove
         twice = settings({"group": "", "kinds": ["ConfigMap"]}, {"group": "", "kinds": ["Conf*"]})
         with pytest.raises(ConfigError, match=r"resources\[0\] and resources\[1\] both select"):
             await resolve_entries(twice, client, list(enumerate(twice.resources)))
+
+
+async def test_a_refresh_while_pipelines_wait_their_turn_to_list_starts_no_second_one(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """At most ``start_concurrency`` pipelines list at once at start; the kind follower's
+    refreshes meanwhile must count those still waiting as running."""
+    from prometheus_client import CollectorRegistry
+
+    from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.service.app import BridgeApp
+
+    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+    s = settings(
+        {"group": "", "kinds": ["*"], "namespaces": ["default"]},
+        cluster={"kubeconfig": str(kubeconfig)},
+        server={"host": "127.0.0.1", "port": 0},
+        checkpoint={"kind": "memory"},
+    )
+    app = BridgeApp(s, checkpoints=MemoryCheckpointStore(), registry=CollectorRegistry())
+    app.start_concurrency = 1
+    app.kinds_refresh_every = 0.05
+    stop = asyncio.Event()
+    runner = asyncio.create_task(app.run(stop))
+    try:
+
+        async def synced() -> bool:
+            assert not runner.done(), runner
+            return len(app.pipelines) > 3 and all(p.has_synced() for p in app.pipelines)
+
+        await until(synced, 30)
+        await asyncio.sleep(0.3)  # more refreshes
+        labels = [p.label for p in app.pipelines]
+        assert len(labels) == len(set(labels)), labels
+        assert len(app._tasks) == len(labels)
+    finally:
+        stop.set()
+        await runner
