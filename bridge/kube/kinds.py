@@ -72,7 +72,11 @@ class KindCatalog:
         g = self.groups[group]
         found = g.resources.get(version)
         if found is None:
-            found = g.resources[version] = await _legacy_resources(self._client, group, version)
+            loaded = await _legacy_resources(self._client, group, version)
+            if loaded is None:  # its aggregated APIService does not answer
+                g.stale.add(version)
+                loaded = []
+            found = g.resources[version] = loaded
         return found
 
     async def preload(self, wanted: Iterable[tuple[str, str]]) -> None:
@@ -142,7 +146,10 @@ def _aggregated_group(item: dict[str, Any]) -> ServedGroup:
     return g
 
 
-async def _legacy_resources(client: JsonClient, group: str, version: str) -> list[ResourceInfo]:
+async def _legacy_resources(
+    client: JsonClient, group: str, version: str
+) -> list[ResourceInfo] | None:
+    """The group version's resources; None when its APIService does not answer (503)."""
     path = f"/apis/{group}/{version}" if group else f"/api/{version}"
     try:
         doc = await client.request_json("GET", path)
@@ -151,7 +158,7 @@ async def _legacy_resources(client: JsonClient, group: str, version: str) -> lis
     except ApiStatusError as e:
         # 503 of an aggregated APIService that is down: its kinds are unknown for now.
         if e.code == 503:
-            return []
+            return None
         raise
     infos = []
     for r in doc.get("resources") or ():
@@ -279,16 +286,17 @@ async def select_kinds(catalog: KindCatalog, sel: KindSelection) -> list[Resourc
 
 
 def stale_versions(catalog: KindCatalog, sel: KindSelection) -> list[str]:
-    """``group/version`` of the groups ``sel`` reads that an unavailable APIService serves."""
+    """``group/version`` of what ``sel`` reads that an unavailable APIService serves
+    (aggregated discovery's ``Stale``, or a legacy document answering 503)."""
     names = [sel.group] if sel.group is not None else sorted(catalog.groups)
     out = []
     for name in names:
         g = catalog.groups.get(name)
-        if g is None or not g.versions:
+        if g is None:
             continue
-        version = sel.version or g.versions[0]
-        if version in g.stale:
-            out.append(f"{name}/{version}" if name else version)
+        for version in sorted(g.stale):
+            if sel.version in (None, version):
+                out.append(f"{name}/{version}" if name else version)
     return out
 
 

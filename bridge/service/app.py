@@ -157,6 +157,8 @@ class BridgeApp:
         self.origin: dict[ResourcePipeline, ResolvedResource] = {}
         # Selected kinds left out (label → forbidden | unavailable), said once each.
         self._skipped: dict[str, str] = {}
+        # Group versions whose aggregated APIService does not answer, said once each.
+        self._stale: set[str] = set()
         # Running pipeline tasks (and their heartbeats'), so kinds can come and go.
         self._tasks: dict[ResourcePipeline, list[asyncio.Task[Any]]] = {}
         self._kinds_changed = asyncio.Event()
@@ -229,7 +231,9 @@ class BridgeApp:
     async def resolve(self, client: KubeClient) -> list[ResolvedResource]:
         """Discover every configured resource, one per kind a group or allKinds entry
         selects (bridge/service/kinds.py); an unknown kind fails start-up in one line."""
-        resolved = await resolve_entries(self.settings, client, self._entries())
+        stale: set[str] = set()
+        resolved = await resolve_entries(self.settings, client, self._entries(), stale=stale)
+        self._report_stale(stale)
         # A selected kind the bridge may not list (403) or whose APIService does not
         # answer (503) is one warning and a metric; the other kinds go on.
         selected = [r for r in resolved if self._selected(r)]
@@ -247,6 +251,18 @@ class BridgeApp:
     def _selected(self, r: ResolvedResource) -> bool:
         """Whether ``r`` came from an entry that selects kinds (group, kinds, allKinds)."""
         return self.settings.resources[r.entry].selects_kinds
+
+    def _report_stale(self, stale: set[str]) -> None:
+        """One warning per group version an unavailable aggregated APIService serves
+        (its kinds are unknown or stale meanwhile); the gauge back to 0 once it answers."""
+        for gv in sorted(stale - self._stale):
+            log.warning("API not answering: its kinds left out until it does", api=gv)
+        for gv in sorted(self._stale - stale):
+            log.info("API answers again", api=gv)
+            self.metrics.kinds_skipped.labels(resource=gv, reason="unavailable").set(0)
+        for gv in stale:
+            self.metrics.kinds_skipped.labels(resource=gv, reason="unavailable").set(1)
+        self._stale = set(stale)
 
     def _report_skipped(self, skipped: list[Skipped]) -> None:
         for s in skipped:
@@ -551,7 +567,9 @@ class BridgeApp:
 
     # -- kinds that come and go (bridge/service/dynamic.py) ---------------------------
 
-    async def apply_kinds(self, resolved: list[ResolvedResource], catalog: KindCatalog) -> None:
+    async def apply_kinds(
+        self, resolved: list[ResolvedResource], catalog: KindCatalog, stale: set[str]
+    ) -> None:
         """Start the pipelines of selected kinds that appeared, stop those of kinds that
         went away. A kind whose running version is still served keeps it (a new
         preferred version republishes nothing); one the bridge may not list is left
@@ -559,6 +577,7 @@ class BridgeApp:
         if self.client is None:
             return
         async with self._kinds_lock:
+            self._report_stale(stale)
             running: dict[tuple[int, str, str], list[ResourcePipeline]] = {}
             for p, r in self.origin.items():
                 # Built is enough: at start some wait their turn to list (_start_gradually).

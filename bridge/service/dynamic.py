@@ -95,7 +95,7 @@ class KindFollower:
         settings: Settings,
         client: KubeClient,
         entries: Sequence[tuple[int, ResourceSettings]],
-        apply: Callable[[list[ResolvedResource], KindCatalog], Awaitable[None]],
+        apply: Callable[[list[ResolvedResource], KindCatalog, set[str]], Awaitable[None]],
         *,
         refresh_every: float = 30.0,
     ) -> None:
@@ -134,15 +134,16 @@ class KindFollower:
         self.refreshes += 1
         try:
             catalog = await read_catalog(self._client)
+            stale: set[str] = set()
             resolved = await resolve_entries(
-                self._settings, self._client, self._entries, catalog=catalog
+                self._settings, self._client, self._entries, catalog=catalog, stale=stale
             )
         except BridgeError as e:
             # A group that went away, an exclusion naming a kind deleted since: the kinds
             # running stay as they are until the entries resolve again.
             log.warning("discovery changed, entries do not resolve; kinds unchanged", error=str(e))
             return
-        await self._apply(resolved, catalog)
+        await self._apply(resolved, catalog, stale)
 
     async def _tick(self) -> None:
         while True:

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 
 from bridge.errors import ConfigError
 from bridge.kube.discovery import Discovery, ResourceInfo
-from bridge.kube.kinds import JsonClient, KindCatalog, KindSelection, read_catalog, select_kinds
+from bridge.kube.kinds import (
+    JsonClient,
+    KindCatalog,
+    KindSelection,
+    read_catalog,
+    select_kinds,
+    stale_versions,
+)
 from bridge.service.settings import ResourceSettings, Settings, in_shard
 
 
@@ -66,6 +73,7 @@ async def resolve_entries(
     entries: Sequence[tuple[int, ResourceSettings]],
     *,
     catalog: KindCatalog | None = None,
+    stale: set[str] | None = None,
 ) -> list[ResolvedResource]:
     """Every resource of ``entries`` (index, entry) this replica serves, today.
 
@@ -92,7 +100,12 @@ async def resolve_entries(
     for index, res in selecting:
         if catalog is None:
             catalog = await read_catalog(client)
-        for info in await select_kinds(catalog, selection_of(res, index)):
+        selection = selection_of(res, index)
+        picked = await select_kinds(catalog, selection)
+        if stale is not None:
+            # What an unavailable APIService serves: known again once it answers.
+            stale.update(stale_versions(catalog, selection))
+        for info in picked:
             if _group_kind(info) in explicit:
                 continue
             if res.all_kinds and _group_kind(info) in by_group:

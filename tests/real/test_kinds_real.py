@@ -596,3 +596,59 @@ async def test_kill_9_while_a_kind_is_being_added_loses_nothing_and_republishes_
 
 async def _count(ours: Any, n: int) -> bool:
     return len(await ours()) >= n
+
+
+async def test_all_kinds_go_on_beside_an_aggregated_api_that_does_not_answer(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_kubeconfig: Path,
+    nats_control: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    group = f"a{uuid.uuid4().hex[:8]}.k8s-bridge.test"
+    api_service = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"v1.{group}"},
+        "spec": {
+            "group": group,
+            "version": "v1",
+            # A Service with no endpoints: the aggregator cannot reach it.
+            "service": {"namespace": ns, "name": "nothing", "port": 443},
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+            "insecureSkipTLSVerify": True,
+        },
+    }
+    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(api_service))
+    config = write_config(
+        tmp_path / "bridge.yaml",
+        kubeconfig=real_kubeconfig,
+        sink={"kind": "nats", "nats": {"servers": [nats_control.url]}},
+        resources=[{"allKinds": True, "namespaces": [ns]}],
+    )
+    bridge = BridgeProcess(config)
+    await bridge.start()
+    try:
+        await bridge.wait_ready(90)
+        kube_cluster.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns}}
+        )
+
+        async def published() -> bool:
+            return any(
+                e["subject"] == f"{ns}/c" and e["type"].endswith("ConfigMap.added")
+                for e in await jetstream_events(nats_control.url)
+            )
+
+        await until(published, 30, bridge.tail_log)
+        warned = [
+            line for line in bridge.log.read_text().splitlines() if "API not answering" in line
+        ]
+        assert len(warned) == 1 and f"{group}/v1" in warned[0], bridge.tail_log()
+        metric = f'k8s_bridge_kinds_skipped{{reason="unavailable",resource="{group}/v1"}} 1.0'
+        assert metric in await bridge.metrics()
+    finally:
+        assert await bridge.stop() == 0, bridge.tail_log()
+        kube_cluster.kubectl("delete", "apiservice", f"v1.{group}", "--ignore-not-found")
