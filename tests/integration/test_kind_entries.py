@@ -152,3 +152,49 @@ async def test_a_refresh_while_pipelines_wait_their_turn_to_list_starts_no_secon
     finally:
         stop.set()
         await runner
+
+
+async def test_a_kind_registered_while_the_bridge_runs_gets_its_pipeline(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """The emulator tier of tests/real/test_kinds_real.py: no CRD watch there (the
+    emulator serves no CRDs), so the periodic refresh notices the new kind."""
+    from prometheus_client import CollectorRegistry
+
+    from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.service.app import BridgeApp
+    from tests.doubles.memory_sink import MemorySink
+
+    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+    s = settings(
+        {"group": "example.com"},
+        cluster={"kubeconfig": str(kubeconfig)},
+        server={"host": "127.0.0.1", "port": 0},
+        checkpoint={"kind": "memory"},
+    )
+    sink = MemorySink()
+    app = BridgeApp(s, sink=sink, checkpoints=MemoryCheckpointStore(), registry=CollectorRegistry())
+    app.kinds_refresh_every = 0.1
+    stop = asyncio.Event()
+    runner = asyncio.create_task(app.run(stop))
+    try:
+        await until(lambda: app.pipelines and all(p.has_synced() for p in app.pipelines), 30)
+        assert [p.label for p in app.pipelines] == ["example.com/v1/widgets"]
+        emulator.register_resource(
+            group="example.com", version="v1", kind="Gadget", plural="gadgets"
+        )
+        emulator.create(
+            {
+                "apiVersion": "example.com/v1",
+                "kind": "Gadget",
+                "metadata": {"name": "g", "namespace": "default"},
+            }
+        )
+        await until(
+            lambda: [e.type for e in sink.events] == ["io.k8s.example.com.v1.Gadget.added"], 10
+        )
+        assert sink.events[0].initial
+        assert not runner.done()
+    finally:
+        stop.set()
+        await runner
