@@ -10,9 +10,11 @@ from typing import TextIO
 from bridge.checkpoints.base import CheckpointStore, ProbedStore
 from bridge.errors import BridgeError, ForbiddenError, NotFoundError
 from bridge.kube.client import KubeClient
-from bridge.kube.discovery import Discovery, ResourceInfo
+from bridge.kube.discovery import ResourceInfo
+from bridge.kube.kinds import read_catalog
 from bridge.kube.protocols import ListOptions
 from bridge.kube.sharding import ShardRange
+from bridge.service.kinds import resolve_entries
 from bridge.service.settings import (
     ResourceSettings,
     Settings,
@@ -134,14 +136,8 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
         except (BridgeError, TimeoutError) as e:
             report.fail("api", f"{client.host}: {e or 'timed out'}")
             return 1
-        discovery = Discovery(client)
-        for res in resources_for_shard(settings):
+        for res, info in await _resources(settings, client, report):
             what = f"resource {res.api_version}/{res.kind}"
-            try:
-                info = await discovery.resolve(res.api_version, res.kind)
-            except BridgeError as e:
-                report.fail(what, str(e))
-                continue
             report.ok(
                 what,
                 f"served as {info.plural} ({'namespaced' if info.namespaced else 'cluster-scoped'})",
@@ -193,6 +189,32 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
     await _check_checkpoints(settings, report)
     _check_ha_checkpoint(settings, report)
     return 1 if report.failed else 0
+
+
+async def _resources(
+    settings: Settings, client: KubeClient, report: _Report
+) -> list[tuple[ResourceSettings, ResourceInfo]]:
+    """Each entry's resources as ``run`` resolves them; a selecting entry (group, kinds,
+    allKinds) says which kinds it takes today, a failing entry fails its line."""
+    out: list[tuple[ResourceSettings, ResourceInfo]] = []
+    mine = {id(r) for r in resources_for_shard(settings)}
+    catalog = None
+    for index, res in enumerate(settings.resources):
+        if id(res) not in mine:
+            continue
+        what = f"resources[{index}] kinds" if res.selects_kinds else f"resource {res.gvk}"
+        try:
+            if res.selects_kinds and catalog is None:
+                catalog = await read_catalog(client)
+            # One entry at a time: explicit entries taking kinds out are a run-time matter.
+            resolved = await resolve_entries(settings, client, [(index, res)], catalog=catalog)
+        except BridgeError as e:
+            report.fail(what, str(e))
+            continue
+        if res.selects_kinds:
+            report.ok(what, "selects " + (", ".join(r.settings.gvk for r in resolved) or "none"))
+        out.extend((r.settings, r.info) for r in resolved)
+    return out
 
 
 # What bridge/kube/lease.py does to its Lease: GET it, POST it when it is missing,

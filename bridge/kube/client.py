@@ -264,6 +264,7 @@ class KubeClient:
         params: Params = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer. Errors become ``bridge.errors``."""
         data: bytes | None
@@ -271,7 +272,7 @@ class KubeClient:
             data = body
         else:
             data = orjson.dumps(body)
-        resp = await self._send(method, path, params, data, content_type, _REQUEST_TIMEOUT)
+        resp = await self._send(method, path, params, data, content_type, _REQUEST_TIMEOUT, accept)
         try:
             await self._raise_for_status(resp)
             try:
@@ -305,6 +306,7 @@ class KubeClient:
         params: Params = None,
         *,
         decode: Callable[[bytes], Any] | None = orjson.loads,
+        accept: str = "application/json",
     ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         """Like ``stream`` but each line goes through ``decode`` (orjson.loads by default)."""
         return _open_stream(
@@ -314,10 +316,11 @@ class KubeClient:
             params,
             _STREAM_TIMEOUT,
             lambda resp: _lines(resp, method, path, decode),
+            accept,
         )
 
     def stream_body(
-        self, method: str, path: str, params: Params = None
+        self, method: str, path: str, params: Params = None, *, accept: str = "application/json"
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """Open a request; the context yields its body in pieces as they arrive.
 
@@ -325,7 +328,13 @@ class KubeClient:
         raises ``ApiStatusError``; a body that breaks raises ``KubeConnectionError``.
         """
         return _open_stream(
-            self, method, path, params, _BODY_TIMEOUT, lambda resp: _chunks(resp, method, path)
+            self,
+            method,
+            path,
+            params,
+            _BODY_TIMEOUT,
+            lambda resp: _chunks(resp, method, path),
+            accept,
         )
 
 
@@ -337,8 +346,9 @@ async def _open_stream(
     params: Params,
     timeout: aiohttp.ClientTimeout,
     read: Callable[[aiohttp.ClientResponse], AsyncGenerator[Any, None]],
+    accept: str = "application/json",
 ) -> AsyncIterator[AsyncIterator[Any]]:
-    resp = await client._send(method, path, params, None, None, timeout)
+    resp = await client._send(method, path, params, None, None, timeout, accept)
     try:
         await client._raise_for_status(resp)
         reader = read(resp)

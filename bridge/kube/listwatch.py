@@ -12,13 +12,19 @@ from bridge.errors import NotFoundError
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.liststream import ItemDecoder, ListBody
-from bridge.kube.objects import ListResponse, WatchEvent
+from bridge.kube.objects import ListResponse, RawObject, WatchEvent
 from bridge.kube.protocols import ListOptions, ListStream, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.shardfilter import ShardedListBody, ShardFilter
 from bridge.kube.sharding import ShardRange
 
 T = TypeVar("T")
+
+# Metadata only: the API server answers with PartialObjectMetadata(List), each
+# object its apiVersion, kind and metadata; the rest of the object never travels.
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+_PARTIAL = "PartialObjectMetadata"
 
 
 class ListWatch:
@@ -41,6 +47,10 @@ class ListWatch:
     result exact behind API servers that disagree (a rolling upgrade, the gate on
     some and off others). Before a watch, a ListWatch that has not listed yet asks
     with a one-object LIST whether the server applies the selector.
+
+    ``metadata_only``: lists and watches ask for ``PartialObjectMetadata``; each
+    object comes back as apiVersion, kind and metadata, renamed here to the
+    resource's own apiVersion and kind, so ids, keys and events name it as usual.
     """
 
     def __init__(
@@ -53,9 +63,13 @@ class ListWatch:
         field_selector: str = "",
         decoder: ObjectDecoder | None = None,
         shard: ShardRange | None = None,
+        metadata_only: bool = False,
     ) -> None:
         self.client = client
         self.decoder = decoder
+        self.metadata_only = metadata_only
+        self._list_accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
+        self._watch_accept = METADATA_ACCEPT if metadata_only else "application/json"
         self.resource = resource
         self.namespace = namespace
         self.label_selector = label_selector
@@ -148,13 +162,15 @@ class ListWatch:
             return listed
         params = self._list_params(options)
         try:
-            result = await self.client.request_json("GET", self.path, params=params)
+            result = await self.client.request_json(
+                "GET", self.path, params=params, accept=self._list_accept
+            )
         except NotFoundError as e:
             raise self._not_served(e) from e
         kind = self.resource.kind
         api_version = self.resource.api_version
         for item in result.get("items") or ():
-            if "kind" not in item:
+            if "kind" not in item or item["kind"] == _PARTIAL:
                 item["kind"] = kind
                 item["apiVersion"] = api_version
         if self._filter is not None and not self._filter.judge(result.get("metadata")):
@@ -165,8 +181,11 @@ class ListWatch:
     async def list_stream(self, options: ListOptions) -> AsyncIterator[ListStream]:
         params = self._list_params(options)
         decode: ItemDecoder = self.decoder.object if self.decoder is not None else orjson.loads
+        if self.metadata_only:
+            decode = self._renamed(decode)
         f = self._filter
-        async with self._opened(self.client.stream_body("GET", self.path, params)) as chunks:
+        stream = self.client.stream_body("GET", self.path, params, accept=self._list_accept)
+        async with self._opened(stream) as chunks:
             if f is not None:
                 decode = f.item_decoder(decode, lambda: body.partial_metadata)
             body = ListBody(
@@ -200,14 +219,42 @@ class ListWatch:
         decode: Callable[[bytes], Any] = (
             self.decoder.watch_event if self.decoder is not None else orjson.loads
         )
+        if self.metadata_only:
+            decode = self._renamed_events(decode)
         if self._filter is not None:
             decode = self._filter.watch_decoder(decode)
         stream: AbstractAsyncContextManager[AsyncIterator[Any]] = self.client.stream_decoded(
-            "GET", self.path, params, decode=decode
+            "GET", self.path, params, decode=decode, accept=self._watch_accept
         )
         if self._filter is None:
             return self._opened(stream)
         return self._sharded_watch(stream, self._filter)
+
+    def _renamed(self, decode: ItemDecoder) -> ItemDecoder:
+        """``decode``, then a PartialObjectMetadata named as the resource's object."""
+        kind, api_version = self.resource.kind, self.resource.api_version
+
+        def renamed(data: bytearray) -> RawObject | None:
+            obj = decode(data)
+            if obj is not None and obj.get("kind") == _PARTIAL:
+                obj["kind"] = kind
+                obj["apiVersion"] = api_version
+            return obj
+
+        return renamed
+
+    def _renamed_events(self, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        kind, api_version = self.resource.kind, self.resource.api_version
+
+        def renamed(line: bytes) -> Any:
+            event = decode(line)
+            obj = event.get("object") if isinstance(event, dict) else None
+            if isinstance(obj, dict) and obj.get("kind") == _PARTIAL:
+                obj["kind"] = kind
+                obj["apiVersion"] = api_version
+            return event
+
+        return renamed
 
     @asynccontextmanager
     async def _sharded_watch(
@@ -227,7 +274,9 @@ class ListWatch:
         params: dict[str, str | int | bool] = {"limit": 1}
         self._selectors(params)
         try:
-            result = await self.client.request_json("GET", self.path, params=params)
+            result = await self.client.request_json(
+                "GET", self.path, params=params, accept=self._list_accept
+            )
         except NotFoundError as e:
             raise self._not_served(e) from e
         self._filter.judge(result.get("metadata"))

@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -31,7 +31,6 @@ from bridge.delivery.tracing import BatchTracer
 from bridge.errors import (
     BridgeError,
     CheckpointError,
-    ConfigError,
     KubeConnectionError,
     ResourceFailedError,
     ServerError,
@@ -40,11 +39,14 @@ from bridge.errors import (
 )
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
-from bridge.kube.discovery import Discovery, ResourceInfo
+from bridge.kube.discovery import ResourceInfo
+from bridge.kube.kinds import KindCatalog
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.service.control import control_auth
+from bridge.service.dynamic import KindFollower, Skipped, label_of, probe_access
 from bridge.service.health import HealthServer
+from bridge.service.kinds import ResolvedResource, resolve_entries
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
 from bridge.service.settings import (
@@ -123,12 +125,6 @@ async def _any_set(events: Sequence[asyncio.Event], timeout: float) -> None:
         await cancel_and_wait(waiters)
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedResource:
-    settings: ResourceSettings
-    info: ResourceInfo
-
-
 class BridgeApp:
     """The running service: pipelines, sink, checkpoint store, health server, leadership."""
 
@@ -162,6 +158,23 @@ class BridgeApp:
         # The configured resource each pipeline serves, for snapshot signals.
         self.served: list[tuple[ResourceSettings, ResourcePipeline]] = []
         self.heartbeats: list[Heartbeat] = []
+        # The resolved resource each pipeline serves: which kind, which entry.
+        self.origin: dict[ResourcePipeline, ResolvedResource] = {}
+        # Selected kinds left out (label → forbidden | unavailable), said once each.
+        self._skipped: dict[str, str] = {}
+        # Group versions whose aggregated APIService does not answer, said once each.
+        self._stale: set[str] = set()
+        # Running pipeline tasks (and their heartbeats'), so kinds can come and go.
+        self._tasks: dict[ResourcePipeline, list[asyncio.Task[Any]]] = {}
+        self._kinds_changed = asyncio.Event()
+        self._kinds_lock = asyncio.Lock()
+        # How often the catalog is re-read without a CRD/APIService change noticed.
+        self.kinds_refresh_every = 30.0
+        # How long a kind that went away may take to publish what it decided.
+        self.retire_timeout = 15.0
+        # Pipelines listing at once at start (bridge/service/app.py, _start_gradually).
+        self.start_concurrency = 16
+        self.start_slot_seconds = 30.0
         # Snapshot signals in progress, per pipeline label; cancelled with the pipelines.
         self._snapshots: dict[str, asyncio.Task[SnapshotResult]] = {}
         self.client: KubeClient | None = None
@@ -224,18 +237,54 @@ class BridgeApp:
     # -- building ---------------------------------------------------------------
 
     async def resolve(self, client: KubeClient) -> list[ResolvedResource]:
-        """Discover every configured resource; an unknown kind fails start-up in one line."""
-        discovery = Discovery(client)
-        resolved = []
-        for res in resources_for_shard(self.settings):
-            info = await discovery.resolve(res.api_version, res.kind)
-            if res.namespaces and not info.namespaced:
-                raise ConfigError(
-                    f"config error: resources[{res.api_version}/{res.kind}].namespaces: "
-                    f"{res.kind} is cluster-scoped; remove namespaces"
+        """Discover every configured resource, one per kind a group or allKinds entry
+        selects (bridge/service/kinds.py); an unknown kind fails start-up in one line."""
+        stale: set[str] = set()
+        resolved = await resolve_entries(self.settings, client, self._entries(), stale=stale)
+        self._report_stale(stale)
+        # A selected kind the bridge may not list (403) or whose APIService does not
+        # answer (503) is one warning and a metric; the other kinds go on.
+        selected = [r for r in resolved if self._selected(r)]
+        if not selected:
+            return resolved
+        ok, skipped = await probe_access(client, selected)
+        self._report_skipped(skipped)
+        keep = {id(r) for r in ok}
+        return [r for r in resolved if not self._selected(r) or id(r) in keep]
+
+    def _entries(self) -> list[tuple[int, ResourceSettings]]:
+        mine = {id(r) for r in resources_for_shard(self.settings)}
+        return [(i, r) for i, r in enumerate(self.settings.resources) if id(r) in mine]
+
+    def _selected(self, r: ResolvedResource) -> bool:
+        """Whether ``r`` came from an entry that selects kinds (group, kinds, allKinds)."""
+        return self.settings.resources[r.entry].selects_kinds
+
+    def _report_stale(self, stale: set[str]) -> None:
+        """One warning per group version an unavailable aggregated APIService serves
+        (its kinds are unknown or stale meanwhile); the gauge back to 0 once it answers."""
+        for gv in sorted(stale - self._stale):
+            log.warning("API not answering: its kinds left out until it does", api=gv)
+        for gv in sorted(self._stale - stale):
+            log.info("API answers again", api=gv)
+            self.metrics.kinds_skipped.labels(resource=gv, reason="unavailable").set(0)
+        for gv in stale:
+            self.metrics.kinds_skipped.labels(resource=gv, reason="unavailable").set(1)
+        self._stale = set(stale)
+
+    def _report_skipped(self, skipped: list[Skipped]) -> None:
+        for s in skipped:
+            label = label_of(s.resource.info)
+            if self._skipped.get(label) != s.reason:
+                self._skipped[label] = s.reason
+                what = "may not list it" if s.reason == "forbidden" else "its API does not answer"
+                log.warning(
+                    f"selected kind left out: {what}",
+                    resource=label,
+                    entry=f"resources[{s.resource.entry}]",
+                    error=s.error,
                 )
-            resolved.append(ResolvedResource(res, info))
-        return resolved
+            self.metrics.kinds_skipped.labels(resource=label, reason=s.reason).set(1)
 
     async def resolve_retrying(
         self, client: KubeClient, stop: asyncio.Event
@@ -285,55 +334,64 @@ class BridgeApp:
             resync_period=s.informer.resync_period,
             reflector=reflector,
         )
+        self._pipeline_settings = pipeline_settings
         pipelines = []
-        self.served, self.heartbeats = [], []
-        shard = s.sharding.range()
+        self.served, self.heartbeats, self.origin = [], [], {}
         for r in resolved:
-            res, info = r.settings, r.info
-            fingerprinter = resource_fingerprinter(res)
-            scopes: list[str | None] = list(res.namespaces) if res.namespaces else [None]
-            for ns in scopes:
-                builder = event_builder(s, res, info)
-                label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
-                filter = Filter(res.filter, label=label) if res.filter else None
-                lw = list_watch(
-                    client,
-                    info,
-                    ns,
-                    res,
-                    decoder=object_decoder(fingerprinter, builder, filter),
-                    shard=shard,
+            pipelines.extend(self._build(client, r))
+        return pipelines
+
+    def _build(self, client: KubeClient, r: ResolvedResource) -> list[ResourcePipeline]:
+        """The pipelines of one resolved resource (one per namespace scope), recorded in
+        ``served``, ``origin`` and ``heartbeats``."""
+        s = self.settings
+        pipeline_settings = self._pipeline_settings
+        shard = s.sharding.range()
+        res, info = r.settings, r.info
+        fingerprinter = resource_fingerprinter(res)
+        scopes: list[str | None] = list(res.namespaces) if res.namespaces else [None]
+        pipelines = []
+        for ns in scopes:
+            builder = event_builder(s, res, info)
+            label = f"{info.api_version}/{info.plural}" + (f"@{ns}" if ns else "")
+            filter = Filter(res.filter, label=label) if res.filter else None
+            lw = list_watch(
+                client,
+                info,
+                ns,
+                res,
+                decoder=object_decoder(fingerprinter, builder, filter),
+                shard=shard,
+            )
+            rid = checkpoint_id(s, info, ns, res)
+            pipeline = ResourcePipeline(
+                resource_id=rid,
+                lw=lw,
+                detector=ChangeDetector(fingerprinter),
+                builder=builder,
+                sink=self.sink,
+                checkpoints=self.checkpoints,
+                settings=replace(
+                    pipeline_settings,
+                    poison_policy=res.poison_policy or s.sink.poison_policy,
+                ),
+                metrics=self.metrics,
+                label=label,
+                backoff=self._backoff,
+                filter=filter,
+                transactional=transactional_send(self.sink, rid),
+                tracer=self.tracer,
+            )
+            pipelines.append(pipeline)
+            self.served.append((res, pipeline))
+            self.origin[pipeline] = r
+            if res.heartbeat_interval:
+                target = HeartbeatTarget(
+                    s.cluster.name, info.group, info.version, info.kind, info.plural, ns
                 )
-                rid = checkpoint_id(s, info, ns, res)
-                pipeline = ResourcePipeline(
-                    resource_id=rid,
-                    lw=lw,
-                    detector=ChangeDetector(fingerprinter),
-                    builder=builder,
-                    sink=self.sink,
-                    checkpoints=self.checkpoints,
-                    settings=replace(
-                        pipeline_settings,
-                        poison_policy=res.poison_policy or s.sink.poison_policy,
-                    ),
-                    metrics=self.metrics,
-                    label=label,
-                    backoff=self._backoff,
-                    filter=filter,
-                    transactional=transactional_send(self.sink, rid),
-                    tracer=self.tracer,
+                self.heartbeats.append(
+                    Heartbeat(pipeline, HeartbeatBuilder(target, res.heartbeat_interval), self.sink)
                 )
-                pipelines.append(pipeline)
-                self.served.append((res, pipeline))
-                if res.heartbeat_interval:
-                    target = HeartbeatTarget(
-                        s.cluster.name, info.group, info.version, info.kind, info.plural, ns
-                    )
-                    self.heartbeats.append(
-                        Heartbeat(
-                            pipeline, HeartbeatBuilder(target, res.heartbeat_interval), self.sink
-                        )
-                    )
         return pipelines
 
     # -- running ----------------------------------------------------------------
@@ -413,8 +471,9 @@ class BridgeApp:
         elif getattr(self.sink, "transactions", None) is not None:
             if not await self._open_store(stop):
                 return
-        tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}") for p in self.pipelines]
+        self._tasks = {}
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
+        waiters.append(asyncio.create_task(self._start_gradually(), name="starter"))
         if lost is not None:
             waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
         waiters.append(
@@ -426,36 +485,180 @@ class BridgeApp:
             )
         )
         waiters.append(asyncio.create_task(self._probe_sink(), name="sink-probe"))
-        waiters.extend(
-            asyncio.create_task(h.run(), name=f"heartbeat:{h.source.label}")
-            for h in self.heartbeats
+        follower = KindFollower(
+            self.settings,
+            self.client,
+            self._entries(),
+            self.apply_kinds,
+            refresh_every=self.kinds_refresh_every,
         )
+        if follower.follows:
+            waiters.append(asyncio.create_task(follower.run(), name="kinds"))
         if self._after_first_sync is not None:
             waiters.append(asyncio.create_task(self._settle_first_sync(), name="after-sync"))
         log.info("pipelines started", pipelines=[p.label for p in self.pipelines])
         if self._on_ready is not None:
             waiters.append(asyncio.create_task(self._notify_ready(), name="on-ready"))
         try:
-            done, _ = await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
-            for p, t in zip(self.pipelines, tasks, strict=True):
-                error = t.exception() if t in done and not t.cancelled() else None
-                if isinstance(error, BridgeError):
-                    # One line for the operator: which resource, and the server's reason.
-                    raise ResourceFailedError(f"resource {p.label}: {error}") from error
-                if error is not None:
-                    raise error
+            while True:
+                self._kinds_changed.clear()
+                changed = asyncio.create_task(self._kinds_changed.wait())
+                running = {t: p for p, ts in self._tasks.items() for t in ts}
+                try:
+                    done, _ = await asyncio.wait(
+                        [*running, *waiters, changed], return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    changed.cancel()
+                # A retired kind's tasks end cancelled: not a reason to stop.
+                ended = [
+                    t
+                    for t in done
+                    if t is not changed and (t not in running or running[t] in self._tasks)
+                ]
+                for t in ended:
+                    owner = running.get(t)
+                    if owner is None:
+                        continue
+                    error = t.exception() if not t.cancelled() else None
+                    if isinstance(error, BridgeError):
+                        # One line for the operator: which resource, and the server's reason.
+                        raise ResourceFailedError(f"resource {owner.label}: {error}") from error
+                    if error is not None:
+                        raise error
+                if ended:
+                    return
         finally:
             snapshots = list(self._snapshots.values())
+            tasks = [t for ts in self._tasks.values() for t in ts]
+            owners = [p for p, ts in self._tasks.items() for _ in ts]
             for t in [*snapshots, *tasks, *waiters]:
                 t.cancel()
             await asyncio.gather(*snapshots, return_exceptions=True)
             # Each pipeline publishes and checkpoints what it processed; a bus that
             # stays down must not keep the process from exiting.
             results = await asyncio.gather(*tasks, return_exceptions=True)
-            for p, r in zip(self.pipelines, results, strict=True):
+            for p, r in zip(owners, results, strict=True):
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+            self._tasks = {}
+
+    async def _start_gradually(self) -> None:
+        """Start the pipelines, at most ``start_concurrency`` of them listing at once: a
+        bridge of hundreds of kinds must not open hundreds of lists in one instant. A
+        pipeline that has not synced after ``start_slot_seconds`` lets the next one go."""
+        loop = asyncio.get_running_loop()
+        started: dict[ResourcePipeline, float] = {}
+        for p in list(self.pipelines):
+            while True:
+                now = loop.time()
+                listing = [
+                    q
+                    for q, at in started.items()
+                    if now - at < self.start_slot_seconds and not q.has_synced()
+                ]
+                if len(listing) < self.start_concurrency:
+                    break
+                await asyncio.sleep(0.02)
+            if p in self.pipelines and p not in self._tasks:
+                self._start(p)
+                started[p] = loop.time()
+                self._kinds_changed.set()  # the run loop waits on the new tasks too
+        await asyncio.Event().wait()
+
+    def _start(self, p: ResourcePipeline) -> None:
+        """Run ``p`` and its heartbeat, if any."""
+        tasks = [asyncio.create_task(p.run(), name=f"pipeline:{p.label}")]
+        tasks.extend(
+            asyncio.create_task(h.run(), name=f"heartbeat:{h.source.label}")
+            for h in self.heartbeats
+            if h.source is p
+        )
+        self._tasks[p] = tasks
+
+    # -- kinds that come and go (bridge/service/dynamic.py) ---------------------------
+
+    async def apply_kinds(
+        self, resolved: list[ResolvedResource], catalog: KindCatalog, stale: set[str]
+    ) -> None:
+        """Start the pipelines of selected kinds that appeared, stop those of kinds that
+        went away. A kind whose running version is still served keeps it (a new
+        preferred version republishes nothing); one the bridge may not list is left
+        out with one warning, and asked about again at the next refresh."""
+        if self.client is None:
+            return
+        async with self._kinds_lock:
+            self._report_stale(stale)
+            running: dict[tuple[int, str, str], list[ResourcePipeline]] = {}
+            for p, r in self.origin.items():
+                # Built is enough: at start some wait their turn to list (_start_gradually).
+                if p in self.pipelines and self._selected(r):
+                    running.setdefault(_kind_key(r), []).append(p)
+            wanted: dict[tuple[int, str, str], ResolvedResource] = {}
+            for r in resolved:
+                if self._selected(r):
+                    wanted[_kind_key(r)] = r
+            new = [r for k, r in wanted.items() if k not in running]
+            gone = [k for k, ps in running.items() if k not in wanted]
+            for k, ps in running.items():
+                now = wanted.get(k)
+                was = self.origin[ps[0]].info
+                if now is not None and now.info.version != was.version:
+                    if not await _still_served(catalog, was):
+                        gone.append(k)
+                        new.append(now)
+            ok, skipped = await probe_access(self.client, new)
+            self._report_skipped(skipped)
+            for k in gone:
+                for p in running[k]:
+                    await self._retire(p)
+            added = []
+            for r in ok:
+                label = label_of(r.info)
+                reason = self._skipped.pop(label, None)
+                if reason is not None:
+                    self.metrics.kinds_skipped.labels(resource=label, reason=reason).set(0)
+                ps = self._build(self.client, r)
+                transactions = getattr(self.sink, "transactions", None)
+                if transactions is not None:
+                    await transactions.start([p.resource_id for p in ps])
+                for p in ps:
+                    self.pipelines.append(p)
+                    self._start(p)
+                    added.append(p.label)
+            if added:
+                log.info("kinds appeared: pipelines started", pipelines=added)
+                self._kinds_changed.set()
+
+    async def _retire(self, p: ResourcePipeline) -> None:
+        """Stop the pipeline of a kind that went away, once it has published what its
+        watch delivered (the deletes the API server made before removing the kind);
+        its checkpoint stays."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retire_timeout
+        quiet_since = loop.time()
+        seen = p.stats.published
+        while loop.time() < deadline:
+            if p.stats.published != seen or p.unacknowledged() or _queued(p):
+                seen, quiet_since = p.stats.published, loop.time()
+            elif loop.time() - quiet_since >= 1.0:
+                break
+            await asyncio.sleep(0.1)
+        tasks = self._tasks.pop(p, [])
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.pipelines.remove(p)
+        self.served = [(res, q) for res, q in self.served if q is not p]
+        self.heartbeats = [h for h in self.heartbeats if h.source is not p]
+        self.origin.pop(p, None)
+        self._kinds_changed.set()
+        log.warning(
+            "kind no longer served: pipeline stopped, checkpoint kept",
+            resource=p.label,
+            published=p.stats.published,
+        )
 
     async def _start_transactions(
         self, stop: asyncio.Event, lost: asyncio.Event | None = None
@@ -489,9 +692,11 @@ class BridgeApp:
         """Re-announce every current object of the configured resource ``wanted`` (``Kind``
         or ``apiVersion/Kind``) in every scope this replica serves; the counts as JSON."""
         api_version, _, kind = wanted.rpartition("/")
+        # Named entries, and the kinds group/allKinds entries selected (served ones).
+        candidates = [*self.settings.resources, *(res for res, _ in self.served)]
         configured = [
             r
-            for r in self.settings.resources
+            for r in candidates
             if r.kind.lower() == kind.lower() and api_version in ("", r.api_version)
         ]
         if not configured:
@@ -694,3 +899,20 @@ class BridgeApp:
             await asyncio.to_thread(shutdown)
         if self.health is not None:
             await self.health.stop()
+
+
+def _kind_key(r: ResolvedResource) -> tuple[int, str, str]:
+    return (r.entry, r.info.group, r.info.kind)
+
+
+def _queued(p: ResourcePipeline) -> int:
+    informer = p.informer
+    return len(informer.fifo) if informer is not None else 0
+
+
+async def _still_served(catalog: KindCatalog, info: ResourceInfo) -> bool:
+    """Whether the catalog still serves ``info``'s kind at ``info``'s version."""
+    group = catalog.groups.get(info.group)
+    if group is None or info.version not in group.versions:
+        return False
+    return any(i.kind == info.kind for i in await catalog.resources(info.group, info.version))

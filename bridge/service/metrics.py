@@ -221,6 +221,14 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        self.kinds_skipped = Gauge(
+            "kinds_skipped",
+            "1 for a kind a group/allKinds entry selects but the bridge leaves out: forbidden"
+            " (a LIST is a 403) or unavailable (its aggregated API does not answer)",
+            ["resource", "reason"],
+            namespace=ns,
+            registry=registry,
+        )
         self._monitoring(registry, ns)
 
     def _monitoring(self, registry: CollectorRegistry, ns: str) -> None:

@@ -95,8 +95,38 @@ class ClusterSettings(_Section):
 
 
 class ResourceSettings(_Section):
-    api_version: str = Field(min_length=1, description="e.g. v1, apps/v1, example.com/v1")
-    kind: str = Field(min_length=1, description="e.g. Pod, Deployment, Widget")
+    api_version: str = Field(
+        default="",
+        description="e.g. v1, apps/v1, example.com/v1; with kinds: pins the version of the group",
+    )
+    kind: str = Field(
+        default="", description="e.g. Pod, Deployment, Widget; or kinds/group/allKinds instead"
+    )
+    api_group: str | None = Field(
+        default=None,
+        alias="group",
+        description="Select kinds of one API group ('' = core) at the server's preferred version"
+        " (apiVersion pins one); kinds: which (default ['*']); each becomes its own resource"
+        " (docs/configuration-kinds.md)",
+    )
+    kinds: list[str] = Field(
+        default_factory=list,
+        description="With group or apiVersion: kind names or patterns ('*', 'Cron*')",
+    )
+    all_kinds: bool = Field(
+        default=False,
+        description="Every kind the API server serves with list and watch (Events, Leases and"
+        " EndpointSlices left out unless an entry names them)",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="With kinds/group/allKinds: kinds left out, 'Kind' or 'Kind.group'",
+    )
+    metadata_only: bool = Field(
+        default=False,
+        description="List and watch only metadata (PartialObjectMetadata): events carry"
+        " apiVersion, kind and metadata; changes outside metadata publish nothing",
+    )
     plural: str | None = Field(
         default=None,
         description="Resource (plural) name; optional, discovery decides at run time. "
@@ -153,6 +183,41 @@ class ResourceSettings(_Section):
         description="Seconds between io.k8s.bridge.heartbeat events of this resource (committed "
         "watermark, object count, seconds since the last change, synced/watch up); omitted: none",
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_name_kinds(self) -> ResourceSettings:
+        # An entry names one kind (apiVersion + kind) or selects many (group/kinds/allKinds).
+        problem = None
+        if self.all_kinds:
+            if self.api_group is not None or self.kind or self.kinds or self.api_version:
+                problem = "allKinds: cannot be combined with apiVersion, kind, group or kinds"
+        elif self.api_group is not None or self.kinds:
+            if self.kind:
+                problem = "kind: names one kind; with group or kinds use kinds: [...]"
+            elif self.api_group is not None and self.api_version:
+                if self.api_version.rpartition("/")[0] != self.api_group:
+                    problem = f"apiVersion: {self.api_version!r} is not of group {self.api_group!r}"
+            elif self.api_group is None and not self.api_version:
+                problem = "kinds: needs group (or apiVersion) to say which API group"
+            if self.plural:
+                problem = "plural: only for an entry naming one kind"
+        else:
+            if not self.api_version or not self.kind:
+                missing = "apiVersion" if not self.api_version else "kind"
+                problem = (
+                    f"{missing}: required key is missing (or select kinds with group, kinds"
+                    " or allKinds)"
+                )
+            elif self.exclude:
+                problem = "exclude: only with group, kinds or allKinds"
+        if problem is not None:
+            raise PydanticCustomError("resource_error", problem)
+        return self
+
+    @property
+    def selects_kinds(self) -> bool:
+        """A group/kinds/allKinds entry: its kinds are known only once discovery is read."""
+        return not self.kind
 
     @field_validator("filter")
     @classmethod
@@ -735,6 +800,10 @@ class Settings(BaseSettings):
         # Two entries watching the same objects would publish each change twice.
         seen: dict[tuple[str, str, str], list[int]] = {}
         for index, res in enumerate(resources):
+            if (
+                res.selects_kinds
+            ):  # checked once discovery says which kinds (bridge/service/kinds.py)
+                continue
             for earlier in seen.setdefault(res.selects(), []):
                 overlap = _namespace_overlap(resources[earlier].namespaces, res.namespaces)
                 if overlap is not None:
@@ -822,8 +891,16 @@ def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
     if shards <= 1 or settings.sharding.by != "resource":
         # With uid/namespace every replica serves every resource, only its slice.
         return list(settings.resources)
-    index = settings.sharding.shard_index
-    return [r for r in settings.resources if shard_of(r.gvk, shards) == index]
+    # An entry selecting kinds is split kind by kind once they are known (in_shard).
+    return [r for r in settings.resources if r.selects_kinds or in_shard(settings, r.gvk)]
+
+
+def in_shard(settings: Settings, gvk: str) -> bool:
+    """Whether this replica watches the resource ``apiVersion/kind`` (``by: resource``)."""
+    shards = settings.sharding.shards
+    if shards <= 1 or settings.sharding.by != "resource":
+        return True
+    return shard_of(gvk, shards) == settings.sharding.shard_index
 
 
 def lease_name(settings: Settings) -> str:
@@ -1093,6 +1170,8 @@ def _describe(err: Any) -> str:
         return "resources: at least one resource is required"
     if kind in ("duplicate_resource", "keyed_error"):  # the message names its key
         return str(err["msg"])
+    if kind == "resource_error":  # the message starts with the key inside the entry
+        return f"{key}.{err['msg']}"
     message = str(err["msg"])
     if kind == "value_error":
         message = message.removeprefix("Value error, ")

@@ -179,6 +179,7 @@ def list_watch(
         field_selector=res.field_selector,
         decoder=decoder,
         shard=shard,
+        metadata_only=res.metadata_only,
     )
 
 

@@ -100,8 +100,46 @@ kubernetes
 API group of a resource entry: "apps/v1" → "apps", "v1" → "" (core).
 */}}
 {{- define "k8s-bridge.apiGroup" -}}
-{{- if contains "/" .apiVersion -}}
+{{- if .allKinds -}}
+*
+{{- else if hasKey . "group" -}}
+{{- .group -}}
+{{- else if contains "/" (default "" .apiVersion) -}}
 {{- index (splitList "/" .apiVersion) 0 -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Resource names the rules of one entry grant: the entry's plural for an entry
+naming one kind; for an entry selecting kinds (group, kinds, allKinds) the plural
+of each kind it names, or "*" when it selects by pattern (kinds: ["*"], the
+default) or allKinds: the kinds are known only to discovery, at run time.
+*/}}
+{{- define "k8s-bridge.plurals" -}}
+{{- if .kind -}}
+{{- list (include "k8s-bridge.plural" .) | toJson -}}
+{{- else -}}
+{{- $kinds := default (list "*") .kinds -}}
+{{- $out := list -}}
+{{- range $kinds -}}
+{{- if or $.allKinds (regexMatch "[*?\\[]" .) -}}
+{{- $out = append $out "*" -}}
+{{- else -}}
+{{- $out = append $out (include "k8s-bridge.plural" (dict "kind" .)) -}}
+{{- end -}}
+{{- end -}}
+{{- if has "*" $out -}}
+{{- list "*" | toJson -}}
+{{- else -}}
+{{- $out | toJson -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether any entry selects kinds (group, kinds, allKinds): "true" or "". */}}
+{{- define "k8s-bridge.selectsKinds" -}}
+{{- range .Values.config.resources -}}
+{{- if not .kind -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -136,8 +174,9 @@ list and watch, nothing else.
 {{- $rules := dict -}}
 {{- range . -}}
 {{- $group := include "k8s-bridge.apiGroup" . -}}
-{{- $plural := include "k8s-bridge.plural" . -}}
-{{- $_ := set $rules (printf "%s/%s" $group $plural) (list $group $plural) -}}
+{{- range (include "k8s-bridge.plurals" . | fromJsonArray) -}}
+{{- $_ := set $rules (printf "%s/%s" $group .) (list $group .) -}}
+{{- end -}}
 {{- end -}}
 {{- range $key, $rule := $rules }}
 - apiGroups: [{{ index $rule 0 | quote }}]

@@ -95,7 +95,23 @@ def kafka_only_values() -> dict[str, Any]:
     return values
 
 
+SELECTING: dict[str, Any] = {
+    "config": {
+        "resources": [
+            {"group": "apps", "exclude": ["ControllerRevision"]},
+            {"group": "", "kinds": ["ConfigMap", "Service"], "namespaces": ["shop"]},
+            {"apiVersion": "batch/v1", "kinds": ["CronJob"]},
+            {"allKinds": True, "exclude": ["Secret"], "namespaces": ["ops"]},
+            {"apiVersion": "v1", "kind": "Pod", "namespaces": ["shop"]},
+            # Granted by the group's "*" cluster-wide already: no Role of its own.
+            {"apiVersion": "apps/v1", "kind": "Deployment", "namespaces": ["shop"]},
+        ],
+        "sink": {"kind": "stdout"},
+    },
+}
+
 CASES: dict[str, dict[str, Any]] = {
+    "selecting": {"values": SELECTING, "namespace": "bridge"},
     "default": {"values": {}, "namespace": "bridge"},
     "kafka-only": {"values": kafka_only_values(), "namespace": "bridge"},
     "ha-namespaced": {"values": HA_NAMESPACED, "namespace": "bridge"},
@@ -591,3 +607,27 @@ def test_no_mirror_unless_enabled(helm_results: dict[str, Any]) -> None:
 def test_values_schema_rejects_a_bad_mirror_key(helm_results: dict[str, Any]) -> None:
     lint = helm_results["mirror-bad-key"]["lint"]
     assert lint["code"] != 0 and "dsnn" in " ".join(lint["errors"]), lint["output"]
+
+
+def test_rbac_of_entries_selecting_kinds(helm_results: dict[str, Any]) -> None:
+    objs = docs(helm_results["selecting"])
+    (watch,) = find(objs, "ClusterRole", "-watch")
+    # A pattern (kinds: ["*"], the default) grants the group's every resource; named
+    # kinds grant each; the kinds exist only in discovery, so exclude narrows nothing.
+    assert rule_set(watch["rules"]) == {("apps", "*", WATCH, ()), ("batch", "cronjobs", WATCH, ())}
+    roles = {r["metadata"]["namespace"]: r for r in find(objs, "Role", "-watch")}
+    assert rule_set(roles["ops"]["rules"]) == {("*", "*", WATCH, ())}
+    assert rule_set(roles["shop"]["rules"]) == {
+        ("", "configmaps", WATCH, ()),
+        ("", "services", WATCH, ()),
+        ("", "pods", WATCH, ()),
+    }
+    # Following the cluster: CRDs and APIServices watched, only with a selecting entry.
+    (kinds,) = find(objs, "ClusterRole", "-kinds")
+    assert rule_set(kinds["rules"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", WATCH, ()),
+        ("apiregistration.k8s.io", "apiservices", WATCH, ()),
+    }
+    (binding,) = find(objs, "ClusterRoleBinding", "-kinds")
+    assert binding["roleRef"]["name"] == kinds["metadata"]["name"]
+    assert not find(docs(helm_results["default"]), "ClusterRole", "-kinds")
