@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
         hwm = [r["VmHWM"] / 1024 for r in samples]
         mods = f"{modules[label]:,}" if label in modules else ""
         rows.append(
-            f"| {label} | {min(rss):.1f}–{max(rss):.1f} | {statistics.median(rss):.1f}"
+            f"| {label} | {min(rss):.1f}-{max(rss):.1f} | {statistics.median(rss):.1f}"
             f" ({statistics.median(rss) / floor:.2f}) | {max(hwm):.1f} | {mods} |"
         )
         print(rows[-1], flush=True)
@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
         f" {args.settle:g} s idle; in brackets the ratio to the floor (asyncio + aiohttp"
         " imported, one session, waiting), measured in the same run; modules: what `run`"
         " imports before its settings are read.\n\n"
-        "| process | RSS MiB (min–max) | median (ratio to floor) | peak MiB | modules |\n"
+        "| process | RSS MiB (min-max) | median (ratio to floor) | peak MiB | modules |\n"
         "| --- | ---: | ---: | ---: | ---: |\n" + "\n".join(rows) + "\n"
     )
     if not args.no_write:
