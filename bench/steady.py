@@ -51,6 +51,8 @@ from bench.decode import make_pod
 SECTION = "Cost per change"
 HERE = str(Path(__file__).resolve().parent.parent)
 PODS = 2000
+# ``--profile DIR``: each measured process sampled by py-spy during the rates.
+PROFILE_DIR: Path | None = None
 # Shown when a wait times out.
 LOGS: list[Path] = []
 
@@ -201,6 +203,14 @@ async def measure_process(
         if consumer.done():
             consumer.result()  # its error
         await asyncio.sleep(1.5)  # the first sync's trailing work (commits, trims)
+        spy = None
+        if PROFILE_DIR is not None:
+            # py-spy (not a dependency: on PATH when asked for) samples the rates.
+            out = PROFILE_DIR / f"{label.replace(' ', '_')}-{proc.pid}.txt"
+            spy = await asyncio.create_subprocess_exec(
+                "py-spy", "record", "-p", str(proc.pid), "-f", "raw", "-o", str(out), "-r", "200",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
         points = []
         for rate in rates:
             cpu0 = cpu_seconds(proc.pid)
@@ -218,6 +228,9 @@ async def measure_process(
                   flush=True)  # fmt: skip
             points.append(point)
             await asyncio.sleep(1.0)
+        if spy is not None:
+            spy.send_signal(2)
+            await spy.wait()
         return points
     finally:
         if proc.returncode is None:
@@ -323,8 +336,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--min-changes", type=int, default=1000, help="per rate, at least")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tree", action="append", default=[], help="LABEL=PATH of another tree")
+    parser.add_argument("--profile", type=Path, help="py-spy samples (raw) into this folder")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
     trees = {"k8s-bridge run": HERE}
     for item in args.tree:
         label, _, path = item.partition("=")
