@@ -90,10 +90,10 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass
 class Arrivals:
-    """When each change (its ``rev`` label) reached the topic; how many other events did."""
+    """When each change (its ``rev`` label) reached the topic; how many records did."""
 
     at: dict[int, float] = field(default_factory=dict)
-    others: int = 0
+    records: int = 0
 
 
 def rev_of(value: bytes) -> int | None:
@@ -123,10 +123,9 @@ async def consume(bootstrap: str, topic: str, arrivals: Arrivals, started: async
     try:
         async for record in consumer:
             now = time.monotonic()
+            arrivals.records += 1
             rev = rev_of(record.value) if record.value else None
-            if rev is None:
-                arrivals.others += 1
-            else:
+            if rev is not None:
                 arrivals.at.setdefault(rev, now)
     finally:
         await consumer.stop()
@@ -198,7 +197,7 @@ async def measure_process(
     proc = await start_proc()
     try:
         await started.wait()
-        await until(lambda: consumer.done() or arrivals.others >= first_list, 120,
+        await until(lambda: consumer.done() or arrivals.records >= first_list, 120,
                     f"{label}: the first list on the bus")  # fmt: skip
         if consumer.done():
             consumer.result()  # its error
