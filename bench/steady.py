@@ -204,10 +204,11 @@ async def measure_process(
         await asyncio.sleep(1.5)  # the first sync's trailing work (commits, trims)
         spy = None
         if PROFILE_DIR is not None:
-            # py-spy (not a dependency: on PATH when asked for) samples the rates.
+            # py-spy (not a dependency: on PATH when asked for) samples the rates, only
+            # while the GIL is held: where the process spends its CPU in Python.
             out = PROFILE_DIR / f"{label.replace(' ', '_')}-{proc.pid}.txt"
             spy = await asyncio.create_subprocess_exec(
-                "py-spy", "record", "-p", str(proc.pid), "-f", "raw", "-o", str(out), "-r", "200",
+                "py-spy", "record", "--gil", "-p", str(proc.pid), "-f", "raw", "-o", str(out), "-r", "200",
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
         points = []
