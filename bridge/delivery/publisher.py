@@ -3,8 +3,9 @@
 Two tasks:
 
 - the **writer** takes a batch as soon as events are decided (a linger of a
-  millisecond at most), or, while the sender publishes, once the batch is full
-  or the sender is done; it has the batch's rows written ahead to the
+  millisecond, or of ``steady_linger`` while changes come steadily and closely
+  enough to share a batch), or, while the sender publishes, once the batch is
+  full or the sender is done; it has the batch's rows written ahead to the
   checkpoint store and hands it on;
 - the **sender** publishes batches in order, one at a time, retrying only
   while the bus is unavailable; events the bus refuses for good go through the
@@ -109,9 +110,18 @@ class Publisher:
         self._in_flight: Batch | None = None
         self._batch_due = Notifier()
         self._to_send: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+        # The mean gap between decisions (exponentially weighted), for the linger.
+        self._last_decided_at: float | None = None
+        self._mean_gap = float("inf")
 
     def decided(self) -> None:
         """Events were decided (or announced): the writer may take them."""
+        now = self._clock()
+        last, self._last_decided_at = self._last_decided_at, now
+        if last is not None:
+            gap = min(now - last, 1.0)
+            mean = self._mean_gap
+            self._mean_gap = gap if mean == float("inf") else mean + (gap - mean) / 8
         self._decided.notify()
         if self.outbox.queued >= self.settings.max_batch:
             self._batch_due.notify()
@@ -136,8 +146,9 @@ class Publisher:
         while True:
             if not outbox.queued:
                 await self._decided.until(lambda: outbox.queued)
-                if s.linger and outbox.queued < s.max_batch:
-                    await asyncio.sleep(s.linger)
+                linger = self.linger()
+                if linger and outbox.queued < s.max_batch:
+                    await asyncio.sleep(linger)
             # While a batch is being published, the next leaves only when it is
             # done, so take it then, or once it is full: taken at once, it would hold
             # what was decided so far, however little, and behind a bus slower than
@@ -152,6 +163,14 @@ class Publisher:
                 # bus takes the rows with the batch instead.
                 await self._write_ahead(batch)
             await self._to_send.put(batch)
+
+    def linger(self) -> float:
+        """How long the writer waits for more events once some are decided: longer while
+        changes come steadily, at least one per ``steady_linger``, so they share a batch."""
+        s = self.settings
+        if s.linger and s.steady_linger > s.linger and self._mean_gap <= s.steady_linger:
+            return s.steady_linger
+        return s.linger
 
     def _batch_may_leave(self) -> bool:
         return self._in_flight is None or self.outbox.queued >= self.settings.max_batch

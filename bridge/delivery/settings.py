@@ -34,6 +34,13 @@ class PipelineSettings:
     max_batch: int = 500
     # How long the writer waits for more events before taking a batch.
     linger: float = 0.001
+    # While changes come steadily, on average at most this far apart (100/s and
+    # more with the default), the writer waits this long instead: a batch then
+    # carries several changes, which share its write-ahead commit and its publish
+    # (most of what a change costs at such rates: python -m bench steady). A
+    # trickle keeps ``linger``, as nothing would join its batch. Off when
+    # ``linger`` is 0.
+    steady_linger: float = 0.01
     # Decided but unacknowledged events beyond this make the informer wait; None:
     # two batches (``pending_limit``), one being published while the next fills
     # and is written ahead. That keeps batches full behind a slow bus; more

@@ -1,8 +1,8 @@
 """The one HTTP door to the Kubernetes API server.
 
 Configuration (kubeconfig contexts, exec plugins, tokens, client certificates,
-CA bundles, in-cluster service accounts) is read with kubernetes-asyncio's
-loaders, so every auth method they know works here; the requests themselves
+CA bundles, in-cluster service accounts) is read by ``bridge.kube.kubeconfig``
+(kubernetes-asyncio's loader only for an ``auth-provider``); the requests themselves
 go through one aiohttp session and return raw bytes or orjson-decoded dicts,
 never generated model objects. Every transport failure becomes a
 ``bridge.errors`` exception here and nowhere else.
@@ -10,7 +10,6 @@ never generated model objects. Every transport failure becomes a
 
 from __future__ import annotations
 
-import datetime
 import os
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -21,10 +20,10 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
-from kubernetes_asyncio.client import Configuration
-from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
-from bridge.errors import ConfigError, KubeConnectionError, UnauthorizedError, status_error
+from bridge.errors import ConfigError, KubeConnectionError, status_error
+from bridge.kube import kubeconfig
+from bridge.kube.kubeconfig import Credentials, Endpoint
 
 Params = Mapping[str, str | int | bool] | None
 
@@ -59,17 +58,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
-def _ssl_context(cfg: Configuration) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    if cfg.cert_file:
-        ctx.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
-    if not cfg.verify_ssl:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def _check_kubeconfig_file(path: str, key: str) -> None:
+def _read_kubeconfig_file(path: str, key: str) -> dict[str, Any]:
     """Refuse, in one line, a file the loader would misreport or choke on.
 
     kubernetes-asyncio takes a missing file for an empty config ("Expected key
@@ -97,26 +86,25 @@ def _check_kubeconfig_file(path: str, key: str) -> None:
             f"config error: {key}: {path}: not a kubeconfig (expected a mapping with clusters, "
             f"contexts and users, found {type(doc).__name__})"
         )
+    return doc
 
 
 class KubeClient:
     """Raw JSON access to one API server. Create with ``from_kubeconfig`` or ``in_cluster``."""
 
-    def __init__(self, configuration: Configuration, *, loader: Any = None) -> None:
-        self._cfg = configuration
-        # Kept to re-run an exec credential plugin when its token expires.
-        self._loader = loader
-        self.host: str = str(configuration.host).rstrip("/")
+    def __init__(self, endpoint: Endpoint, credentials: Credentials | None = None) -> None:
+        self._credentials: Credentials = credentials or kubeconfig.NoCredentials()
+        self.host: str = endpoint.host.rstrip("/")
         connector: aiohttp.BaseConnector
         if self.host.startswith("https://"):
-            connector = aiohttp.TCPConnector(ssl=_ssl_context(configuration), limit=0)
+            connector = aiohttp.TCPConnector(ssl=endpoint.ssl_context(), limit=0)
         else:
             connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(
             connector=connector, read_bufsize=2**20, trust_env=False
         )
-        self._proxy: str | None = configuration.proxy or None
-        self._server_hostname: str | None = getattr(configuration, "tls_server_name", None)
+        self._proxy: str | None = endpoint.proxy
+        self._server_hostname: str | None = endpoint.server_name
 
     @classmethod
     async def from_kubeconfig(
@@ -134,25 +122,20 @@ class KubeClient:
             env = os.environ.get("KUBECONFIG", "")
             key = "$KUBECONFIG" if env else "cluster.kubeconfig (default ~/.kube/config)"
             path = env.split(os.pathsep)[0] if env else str(Path.home() / ".kube" / "config")
-        _check_kubeconfig_file(path, key)
-        cfg = Configuration()
+        doc = _read_kubeconfig_file(path, key)
+        found = kubeconfig.from_document(doc, path, context, key)
+        if found is None:
+            found = await kubeconfig.from_library(path, context, key)
+        endpoint, credentials = found
         try:
-            loader = await load_kube_config(
-                config_file=path, context=context, client_configuration=cfg, persist_config=False
-            )
-        except (ConfigException, KeyError, ValueError, TypeError, AttributeError) as e:
-            raise ConfigError(f"config error: {key}: cannot load {path}: {e}") from e
-        return cls(cfg, loader=loader)
+            return cls(endpoint, credentials)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"config error: {key}: {path}: TLS files: {e}") from e
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
         """Client from the pod's service account (token re-read as it rotates)."""
-        cfg = Configuration()
-        try:
-            load_incluster_config(client_configuration=cfg)
-        except ConfigException as e:
-            raise ConfigError(f"cluster: in-cluster config unavailable: {e}") from e
-        return cls(cfg)
+        return cls(*kubeconfig.in_cluster())
 
     async def close(self) -> None:
         await self._session.close()
@@ -166,18 +149,10 @@ class KubeClient:
     # -- auth -------------------------------------------------------------
 
     async def _headers(self, accept: str = "application/json") -> dict[str, str]:
-        loader = self._loader
-        if loader is not None and _exec_token_expired(loader):
-            await self._refresh_exec_token()
         headers = {"Accept": accept}
-        # auth_settings() runs the loader's refresh hook (in-cluster token rotation).
-        auth = await self._cfg.auth_settings()
-        bearer = auth.get("BearerToken")
-        if bearer and bearer.get("value"):
-            headers["Authorization"] = str(bearer["value"])
-        elif self._cfg.username:
-            basic = aiohttp.BasicAuth(self._cfg.username, self._cfg.password or "")
-            headers["Authorization"] = basic.encode()
+        authorization = await self._credentials.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
         return headers
 
     async def bearer_token(self) -> str | None:
@@ -186,20 +161,6 @@ class KubeClient:
         value = (await self._headers()).get("Authorization", "")
         scheme, _, token = value.partition(" ")
         return (token.strip() or None) if scheme.lower() == "bearer" else None
-
-    async def _refresh_exec_token(self) -> bool:
-        loader = self._loader
-        if loader is None or "exec" not in getattr(loader, "_user", {}):
-            return False
-        if hasattr(loader, "exec_plugin_expiry"):
-            del loader.exec_plugin_expiry
-        try:
-            ok = await loader.load_from_exec_plugin()
-        except Exception as e:  # the plugin is foreign code; its failure is a config problem
-            raise ConfigError(f"cluster.kubeconfig: exec credential plugin failed: {e}") from e
-        if ok and getattr(loader, "token", None):
-            self._cfg.api_key["BearerToken"] = loader.token
-        return bool(ok)
 
     # -- requests ---------------------------------------------------------
 
@@ -248,11 +209,10 @@ class KubeClient:
                 raise KubeConnectionError(f"{method} {path}: {_describe(e)}") from e
 
         resp = await send()
-        if resp.status == 401 and self._loader is not None:
-            # An exec plugin's token may have been revoked before its stated expiry.
+        if resp.status == 401 and await self._credentials.renew():
+            # An exec plugin's token may have been revoked before its stated expiry,
+            # a token file rotated since it was last read: one retry with the new one.
             resp.release()
-            if not await self._refresh_exec_token():
-                raise UnauthorizedError(f"{method} {path}: Unauthorized", code=401)
             resp = await send()
         return resp
 
@@ -431,15 +391,6 @@ def _decoded(line: bytes, decode: Callable[[bytes], Any], method: str, path: str
         raise KubeConnectionError(
             f"{method} {path}: undecodable line ({len(line)} bytes): {e}"
         ) from e
-
-
-def _exec_token_expired(loader: Any) -> bool:
-    expiry = getattr(loader, "exec_plugin_expiry", None)
-    if expiry is None:
-        return False
-    now = datetime.datetime.now(tz=expiry.tzinfo) if expiry.tzinfo else datetime.datetime.now()
-    # Refresh a little early so a request does not race the expiry.
-    return bool(now + datetime.timedelta(seconds=10) >= expiry)
 
 
 def _describe(e: BaseException) -> str:
