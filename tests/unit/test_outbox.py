@@ -44,7 +44,14 @@ def event(uid: str, rv: str, kind: str = "modified") -> Event:
         time="2024-01-01T00:00:00Z",
         resource_version=rv,
         initial=False,
-        data={},
+        # What the contract requires of a change's data (docs/contract/event.schema.json).
+        data={
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "x", "namespace": "ns", "uid": uid, "resourceVersion": rv},
+            }
+        },
     )
 
 
