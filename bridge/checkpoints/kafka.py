@@ -714,7 +714,7 @@ def _packed_columns(digests: dict[bytes, bytes], cut: int) -> PackedColumns | No
         return None
     del keys[0]
     # The values sliced anew rather than the fetched ones: those lie among the
-    # records' keys, and once both are freed their memory goes back whole (RSS at
-    # ready +171-180 MiB at a million digests with them, ~125 MiB this way).
+    # records' keys, and once both are freed their memory goes back whole
+    # (BENCHMARKS.md, "Restart from a Kafka checkpoint").
     values = [joined[i : i + PACKED_WIDTH] for i in range(0, len(joined), PACKED_WIDTH)]
     return PackedColumns(keys, values)

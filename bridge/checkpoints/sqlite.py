@@ -265,8 +265,8 @@ class SqliteCheckpointStore:
     async def resource_ids(self) -> list[str]:
         def _ids(conn: sqlite3.Connection) -> list[str]:
             # The digests' distinct resource ids by hopping along the primary key, one
-            # lookup per id: SELECT DISTINCT read every row: 439 ms of each restart at
-            # a million digests, 0.4 ms this way (re-sharding asks at every start).
+            # lookup per id: SELECT DISTINCT reads every row, a large part of each
+            # restart at a million digests (re-sharding asks at every start).
             rows = conn.execute(
                 "WITH RECURSIVE ids(id) AS ("
                 " SELECT MIN(resource_id) FROM digests"

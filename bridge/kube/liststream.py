@@ -439,7 +439,8 @@ class ListSplitter:
 
 
 # Socket reads can be 1 MiB: decoding a few items at a time, each handed on
-# before the next is built, keeps the working set in cache (~1.3x faster).
+# before the next is built, keeps the working set in cache (BENCHMARKS.md,
+# "List decoding").
 _PIECE = 16 * 1024
 
 
