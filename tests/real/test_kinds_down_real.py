@@ -95,7 +95,7 @@ async def test_a_crd_deleted_while_the_bridge_is_down_publishes_each_delete_once
             )
             await bridge.start()
             await bridge.wait_ready(60)
-            expected += [(f"{v1}.{kind}.deleted", f"{ns}/{n}") for n in names]
+            expected.extend((f"{v1}.{kind}.deleted", f"{ns}/{n}") for n in names)
             await until(lambda: published(expected), 30, bridge.tail_log)
             await asyncio.sleep(2)  # anything more would be a second publish
             assert await published(expected), short(await ours())
