@@ -195,7 +195,10 @@ async def test_a_preferred_version_changed_while_down_republishes_nothing(
         )
 
         def moved() -> bool:
-            return bridge.log.read_text().count("kind moved to another version") >= 2
+            return any(
+                "kinds appeared" in line and f"{group.name}/v2/gizmos" in line
+                for line in bridge.log.read_text().splitlines()
+            )
 
         await until(moved, 30, bridge.tail_log)
         await bridge.wait_ready(30)
