@@ -698,9 +698,18 @@ class BridgeApp:
                 page_size=self.settings.informer.page_size,
             )
         running = {p.resource_id for p in [*self.pipelines, *pipelines]}
+        unnamed: list[str] = []
         gone = await gone_kinds(
-            self.settings, store, catalog, self._entries(), self._known_kinds, running
+            self.settings, store, catalog, self._entries(), self._known_kinds, running, unnamed
         )
+        for rid in unnamed:
+            if rid not in self._gone_done:
+                self._gone_done.add(rid)
+                log.warning(
+                    "checkpoint of a kind no longer served, its Kind never recorded (written"
+                    " by an older bridge): the deletes of its objects are not published",
+                    resource=rid,
+                )
         for g in gone:
             if g.resource_id in self._gone_done:
                 continue

@@ -195,10 +195,12 @@ async def gone_kinds(
     entries: Sequence[tuple[int, ResourceSettings]],
     known: dict[str, str],
     running: set[str],
+    unnamed: list[str] | None = None,
 ) -> list[GoneKind]:
     """The checkpoints (not in ``running``) of kinds the selecting ``entries`` of this
-    replica take but the server serves at no version. A checkpoint whose Kind was
-    never recorded (written before the bridge recorded Kinds) is one warning."""
+    replica take but the server serves at no version. The ids of such checkpoints in
+    a selected group whose Kind was never recorded (written before the bridge
+    recorded Kinds) go to ``unnamed``: their deletes cannot be published."""
     if not isinstance(store, ListableStore):
         return []
     selecting = [(i, r) for i, r in entries if r.selects_kinds]
@@ -220,7 +222,12 @@ async def gone_kinds(
         if sid is None or rid in running:
             continue
         kind = known.get(_name_key(sid.group, sid.plural))
-        if kind is None or await served(sid.group, sid.plural):
+        if kind is None:
+            if unnamed is not None and not await served(sid.group, sid.plural):
+                if any(selection_of(r, i).group in (None, sid.group) for i, r in selecting):
+                    unnamed.append(rid)
+            continue
+        if await served(sid.group, sid.plural):
             continue
         info = ResourceInfo(sid.group, sid.version, kind, sid.plural, namespaced=True)
         for index, res in selecting:
