@@ -181,6 +181,7 @@ class BridgeApp:
         self._catalog: KindCatalog | None = None
         self._known_kinds: dict[str, str] | None = None
         self._gone_done: set[str] = set()
+        self._leftovers_due = False
         # How each selected kind's pipeline lists and fingerprints (adopt_version).
         self._listers: dict[ResourcePipeline, tuple[ListWatch, Fingerprinter]] = {}
         # How often the catalog is re-read without a CRD/APIService change noticed.
@@ -651,7 +652,10 @@ class BridgeApp:
                     await transactions.start([p.resource_id for p in ps])
                 built.extend(ps)
             try:
-                await self._tend_leftovers(catalog, built)
+                # Only when kinds came or went (or deletes are still due): a refresh
+                # that changed nothing reads no checkpoint.
+                if built or gone or self._leftovers_due:
+                    await self._tend_leftovers(catalog, built)
             except BridgeError as e:
                 # Not started: the next refresh finds them new again and tries anew.
                 log.warning("kinds appeared but their checkpoints cannot be read", error=str(e))
@@ -710,6 +714,7 @@ class BridgeApp:
                     " by an older bridge): the deletes of its objects are not published",
                     resource=rid,
                 )
+        self._leftovers_due = False
         for g in gone:
             if g.resource_id in self._gone_done:
                 continue
@@ -722,6 +727,7 @@ class BridgeApp:
                     resource=g.resource_id,
                     error=str(e),
                 )
+                self._leftovers_due = True
                 continue
             self._gone_done.add(g.resource_id)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from bridge.checkpoints.base import CheckpointStore, ListableStore, watermark_of
 from bridge.delivery.changes import Change, ChangeKind, Fingerprinter, object_from_digest
-from bridge.ground.digest import CERTAIN, Digest
+from bridge.ground.digest import CERTAIN, GONE, Digest
 from bridge.ground.envelope import Event
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.kinds import KindCatalog, would_select
@@ -261,15 +261,32 @@ async def publish_gone(
     for start in range(0, len(everything), batch):
         digests = everything[start : start + batch]
         events: list[Event] = []
+        owner: list[str] = []  # the key of each event
         for d in digests:
-            obj = object_from_digest(d, api_version=gone.info.api_version, kind=gone.info.kind)
-            events.append(builder.build(Change(ChangeKind.DELETED, obj, d.key, tombstone=True)))
+            if d.state == GONE:
+                continue  # its delete is on the bus already
+            # Earlier incarnations whose deletes were in flight, then the object itself.
+            uids = [*filter(None, d.prior.split(",")), d.uid]
+            for uid in uids:
+                rv = d.resource_version if uid == d.uid else ""
+                obj = object_from_digest(
+                    Digest(d.key, uid, rv, ""),
+                    api_version=gone.info.api_version,
+                    kind=gone.info.kind,
+                )
+                change = Change(ChangeKind.DELETED, obj, d.key, tombstone=True)
+                events.append(builder.build(change))
+                owner.append(d.key)
 
         def rows(
-            refused: Collection[int], digests: list[Digest] = digests
+            refused: Collection[int], digests: list[Digest] = digests, owner: list[str] = owner
         ) -> tuple[list[Digest], list[str]]:
-            return [], [d.key for i, d in enumerate(digests) if i not in refused]
+            kept = {owner[i] for i in refused if i < len(owner)}
+            return [], [d.key for d in digests if d.key not in kept]
 
+        if not events:
+            await store.commit(gone.resource_id, None, *rows(()))
+            continue
         if send is not None:
             # Published with the digests' removal, in one transaction.
             refused = await send(events, rows)
