@@ -206,6 +206,21 @@ def _excluded(pattern: str, info: ResourceInfo) -> bool:
     return fnmatch.fnmatchcase(info.kind, kind)
 
 
+def would_select(sel: KindSelection, info: ResourceInfo) -> bool:
+    """Whether ``sel`` takes ``info`` by its group, pinned version, patterns and
+    exclusions, whether the server serves it or not (a kind gone while the bridge was
+    down: bridge/service/leftovers.py)."""
+    if sel.group is not None and sel.group != info.group:
+        return False
+    if sel.version is not None and sel.version != info.version:
+        return False
+    if not any(fnmatch.fnmatchcase(info.kind, k) for k in sel.kinds):
+        return False
+    if any(_excluded(p, info) for p in sel.exclude):
+        return False
+    return not (sel.all_groups and (info.group, info.kind) in DEFAULT_EXCLUDED)
+
+
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.aiotasks import cancel_and_wait
 from bridge.checkpoints.base import CheckpointStore
-from bridge.delivery.changes import ChangeDetector
+from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.filters import Filter
 from bridge.delivery.heartbeat import Heartbeat, HeartbeatBuilder, HeartbeatTarget
 from bridge.delivery.pipeline import PipelineSettings, ResourcePipeline
@@ -40,13 +40,21 @@ from bridge.errors import (
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
-from bridge.kube.kinds import KindCatalog
+from bridge.kube.kinds import KindCatalog, read_catalog
+from bridge.kube.listwatch import ListWatch
 from bridge.kube.reflector import ReflectorSettings
 from bridge.logging import get_logger
 from bridge.service.control import control_auth
 from bridge.service.dynamic import KindFollower, Skipped, label_of, probe_access
 from bridge.service.health import HealthServer
 from bridge.service.kinds import ResolvedResource, resolve_entries
+from bridge.service.leftovers import (
+    adopt_version,
+    gone_kinds,
+    known_kinds,
+    publish_gone,
+    record_kinds,
+)
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
 from bridge.service.settings import (
@@ -168,6 +176,14 @@ class BridgeApp:
         self._tasks: dict[ResourcePipeline, list[asyncio.Task[Any]]] = {}
         self._kinds_changed = asyncio.Event()
         self._kinds_lock = asyncio.Lock()
+        # The catalog read at start; the Kind of every kind ever selected (from the
+        # store, read once); checkpoints of gone kinds whose deletes were published.
+        self._catalog: KindCatalog | None = None
+        self._known_kinds: dict[str, str] | None = None
+        self._gone_done: set[str] = set()
+        self._leftovers_due = False
+        # How each selected kind's pipeline lists and fingerprints (adopt_version).
+        self._listers: dict[ResourcePipeline, tuple[ListWatch, Fingerprinter]] = {}
         # How often the catalog is re-read without a CRD/APIService change noticed.
         self.kinds_refresh_every = 30.0
         # How long a kind that went away may take to publish what it decided.
@@ -240,7 +256,13 @@ class BridgeApp:
         """Discover every configured resource, one per kind a group or allKinds entry
         selects (bridge/service/kinds.py); an unknown kind fails start-up in one line."""
         stale: set[str] = set()
-        resolved = await resolve_entries(self.settings, client, self._entries(), stale=stale)
+        entries = self._entries()
+        # Kept for the checkpoints kinds left behind (bridge/service/leftovers.py).
+        catalog = await read_catalog(client) if any(r.selects_kinds for _, r in entries) else None
+        self._catalog = catalog
+        resolved = await resolve_entries(
+            self.settings, client, entries, catalog=catalog, stale=stale
+        )
         self._report_stale(stale)
         # A selected kind the bridge may not list (403) or whose APIService does not
         # answer (503) is one warning and a metric; the other kinds go on.
@@ -337,6 +359,7 @@ class BridgeApp:
         self._pipeline_settings = pipeline_settings
         pipelines = []
         self.served, self.heartbeats, self.origin = [], [], {}
+        self._listers = {}
         for r in resolved:
             pipelines.extend(self._build(client, r))
         return pipelines
@@ -383,6 +406,7 @@ class BridgeApp:
                 tracer=self.tracer,
             )
             pipelines.append(pipeline)
+            self._listers[pipeline] = (lw, fingerprinter)
             self.served.append((res, pipeline))
             self.origin[pipeline] = r
             if res.heartbeat_interval:
@@ -471,6 +495,8 @@ class BridgeApp:
         elif getattr(self.sink, "transactions", None) is not None:
             if not await self._open_store(stop):
                 return
+        if self._catalog is not None:
+            await self._tend_leftovers(self._catalog, self.pipelines)
         self._tasks = {}
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait(), name="stop")]
         waiters.append(asyncio.create_task(self._start_gradually(), name="starter"))
@@ -614,6 +640,7 @@ class BridgeApp:
                 for p in running[k]:
                     await self._retire(p)
             added = []
+            built: list[ResourcePipeline] = []
             for r in ok:
                 label = label_of(r.info)
                 reason = self._skipped.pop(label, None)
@@ -623,13 +650,86 @@ class BridgeApp:
                 transactions = getattr(self.sink, "transactions", None)
                 if transactions is not None:
                     await transactions.start([p.resource_id for p in ps])
-                for p in ps:
-                    self.pipelines.append(p)
-                    self._start(p)
-                    added.append(p.label)
+                built.extend(ps)
+            try:
+                # Only when kinds came or went (or deletes are still due): a refresh
+                # that changed nothing reads no checkpoint.
+                if built or gone or self._leftovers_due:
+                    await self._tend_leftovers(catalog, built)
+            except BridgeError as e:
+                # Not started: the next refresh finds them new again and tries anew.
+                log.warning("kinds appeared but their checkpoints cannot be read", error=str(e))
+                for p in built:
+                    self.origin.pop(p, None)
+                    self._listers.pop(p, None)
+                    self.served = [(res, q) for res, q in self.served if q is not p]
+                    self.heartbeats = [h for h in self.heartbeats if h.source is not p]
+                built = []
+            for p in built:
+                self.pipelines.append(p)
+                self._start(p)
+                added.append(p.label)
             if added:
                 log.info("kinds appeared: pipelines started", pipelines=added)
                 self._kinds_changed.set()
+
+    async def _tend_leftovers(
+        self, catalog: KindCatalog, pipelines: Sequence[ResourcePipeline]
+    ) -> None:
+        """Before ``pipelines`` (selected kinds) start: remember their Kinds, give each
+        whose preferred version changed the checkpoint of its old version, and publish
+        the deletes of kinds gone while no pipeline watched them
+        (bridge/service/leftovers.py)."""
+        store = self.checkpoints
+        if self._known_kinds is None:
+            self._known_kinds = await known_kinds(store)
+        mine = [p for p in pipelines if p in self.origin and self._selected(self.origin[p])]
+        # A kind back again: should it go once more, its deletes are due once more.
+        self._gone_done -= {p.resource_id for p in mine}
+        await record_kinds(store, self._known_kinds, [self.origin[p].info for p in mine])
+        for p in mine:
+            r = self.origin[p]
+            if self.settings.resources[r.entry].api_version:
+                continue  # a pinned version: its key never moves
+            lw, fingerprinter = self._listers[p]
+            await adopt_version(
+                store,
+                p.resource_id,
+                lw,
+                fingerprinter,
+                r.info,
+                label=p.label,
+                page_size=self.settings.informer.page_size,
+            )
+        running = {p.resource_id for p in [*self.pipelines, *pipelines]}
+        unnamed: list[str] = []
+        gone = await gone_kinds(
+            self.settings, store, catalog, self._entries(), self._known_kinds, running, unnamed
+        )
+        for rid in unnamed:
+            if rid not in self._gone_done:
+                self._gone_done.add(rid)
+                log.warning(
+                    "checkpoint of a kind no longer served, its Kind never recorded (written"
+                    " by an older bridge): the deletes of its objects are not published",
+                    resource=rid,
+                )
+        self._leftovers_due = False
+        for g in gone:
+            if g.resource_id in self._gone_done:
+                continue
+            try:
+                await publish_gone(self.settings, store, self.sink, g)
+            except BridgeError as e:
+                log.warning(
+                    "kind no longer served: its deletes not published yet; retried at the"
+                    " next refresh",
+                    resource=g.resource_id,
+                    error=str(e),
+                )
+                self._leftovers_due = True
+                continue
+            self._gone_done.add(g.resource_id)
 
     async def _retire(self, p: ResourcePipeline) -> None:
         """Stop the pipeline of a kind that went away, once it has published what its
@@ -653,6 +753,7 @@ class BridgeApp:
         self.served = [(res, q) for res, q in self.served if q is not p]
         self.heartbeats = [h for h in self.heartbeats if h.source is not p]
         self.origin.pop(p, None)
+        self._listers.pop(p, None)
         self._kinds_changed.set()
         log.warning(
             "kind no longer served: pipeline stopped, checkpoint kept",

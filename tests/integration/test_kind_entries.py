@@ -5,6 +5,7 @@ discovery documents (the real server's aggregated discovery: tests/real/test_kin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,67 @@ async def test_a_kind_registered_while_the_bridge_runs_gets_its_pipeline(
     finally:
         stop.set()
         await runner
+
+
+async def test_only_checkpoints_of_selected_kinds_served_at_no_version_count_as_gone(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.ground.digest import Digest
+    from bridge.kube.discovery import ResourceInfo
+    from bridge.service.leftovers import (
+        gone_kinds,
+        known_kinds,
+        parse_stored_id,
+        record_kinds,
+    )
+
+    s = settings(
+        {"group": "example.com", "namespaces": ["a"], "exclude": ["Widget"]},
+        {"allKinds": True, "labelSelector": "tier=web", "exclude": ["Dropped"]},
+    )
+    store = MemoryCheckpointStore()
+    await store.open()
+    gadget = ResourceInfo("example.com", "v1", "Gadget", "gadgets", True)
+    dropped = ResourceInfo("other.io", "v1", "Dropped", "droppeds", True)
+    thing = ResourceInfo("other.io", "v1", "Thing", "things", True)
+    known: dict[str, str] = {}
+    await record_kinds(store, known, [gadget, dropped, thing])
+    await record_kinds(store, known, [gadget])  # known already: no second row
+    assert await known_kinds(store) == {
+        "example.com/gadgets": "Gadget",
+        "other.io/droppeds": "Dropped",
+        "other.io/things": "Thing",
+    }
+    web = (
+        "#" + hashlib.sha256(f"tier=web|{s.resources[1].field_selector}".encode()).hexdigest()[:12]
+    )
+    row = [Digest("a/g1", "u1", "5", "f")]
+    ids = [
+        "example.com/v1/gadgets@a",  # the group entry's: gone
+        "example.com/v1/gadgets@b",  # a namespace no entry names
+        "example.com/v1/gadgets",  # all namespaces: allKinds, but without its selector
+        "example.com/v1/widgets@a",  # still served
+        f"other.io/v1/droppeds{web}",  # excluded
+        f"other.io/v1/things{web}",  # the allKinds entry's: gone
+        "example.com/v1/sprockets@a",  # never recorded: unnamed
+    ]
+    for rid in ids:
+        await store.commit(rid, "5", row, [])
+    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+    async with await KubeClient.from_kubeconfig(str(kubeconfig)) as client:
+        catalog = await read_catalog(client)
+        entries = list(enumerate(s.resources))
+        unnamed: list[str] = []
+        gone = await gone_kinds(s, store, catalog, entries, known, set(), unnamed)
+        assert [(g.resource_id, g.info.kind, g.settings.namespaces) for g in gone] == [
+            ("example.com/v1/gadgets@a", "Gadget", ["a"]),
+            (f"other.io/v1/things{web}", "Thing", []),
+        ]
+        assert unnamed == ["example.com/v1/sprockets@a"]
+        # A pipeline's own checkpoint is never one.
+        running = await gone_kinds(s, store, catalog, entries, known, {ids[0]})
+        assert [g.resource_id for g in running] == [f"other.io/v1/things{web}"]
+    sid = parse_stored_id("core/v1/configmaps@ns#abc~uid-0of2")
+    assert sid is not None and (sid.group, sid.plural, sid.namespace) == ("", "configmaps", "ns")
+    assert parse_stored_id("!kinds") is None
