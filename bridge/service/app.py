@@ -207,8 +207,12 @@ class BridgeApp:
                 reasons.append(f"{p.label}: checkpoint store failing")
             if p.failed is not None:
                 reasons.append(f"{p.label}: stopped: {p.failed}")
-            if p.stalled():
-                reasons.append(f"{p.label}: checkpoint stalled")
+            stalled = p.stalled()
+            if stalled is not None:
+                reasons.append(
+                    f"{p.label}: the bus has not acknowledged an event for {stalled:.0f}s"
+                    f" (health.stallSeconds {self.settings.health.stall_seconds:g})"
+                )
         ok = not reasons
         self.metrics.ready.set(1 if ok else 0)
         return ok, reasons
@@ -275,6 +279,7 @@ class BridgeApp:
             slim=s.informer.slim,
             max_queued=s.informer.max_queued,
             resync_period=s.informer.resync_period,
+            stall_after=s.health.stall_seconds,
             reflector=reflector,
         )
         pipelines = []

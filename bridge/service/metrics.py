@@ -128,6 +128,15 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        # The name and label are what the alert rules use (charts/, docs/operations.md).
+        self.oldest_unacked_age = Gauge(
+            "oldest_unacked_age_seconds",
+            "Age of the oldest event taken for delivery (written ahead, handed to the"
+            " sink) and not yet acknowledged; 0 when none waits",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
         self.ready = Gauge(
             "ready",
             "1 when the bridge is ready (synced, sink reachable)",
