@@ -49,7 +49,10 @@ MSG_ID = "Nats-Msg-Id"
 # What an HPUB's header block adds to a message besides the id itself
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
-_NO_STREAM = "no responders"
+# How a PubAck error starts when no stream serves the subject right now (``_settle``).
+NO_RESPONDERS = "no responders"
+# How long a publish that met "no responders" waits for the stream's info.
+_STREAM_CHECK_TIMEOUT = 1.0
 # Where nats-py's Msg keeps the status of a header block (``NATS/1.0 503``).
 _STATUS = "Status"
 _NOT_IN_SUBJECT = re.compile(r"\s")
@@ -250,7 +253,7 @@ def _check_window(messages: Sequence[Outgoing], start: int, end: int, max_payloa
                     raise nats.errors.BadHeaderError(key)
 
 
-def _drop_queued(nc: Client) -> None:
+def drop_queued(nc: Client) -> None:
     """Empty nats-py's outgoing queue, if it still keeps it where this expects.
 
     nats-py sends what it queued before a disconnect once it reconnects, ahead
@@ -265,7 +268,7 @@ def _drop_queued(nc: Client) -> None:
 
 def _transient(error: str) -> bool:
     """A PubAck error that says "not now" rather than "never" (JetStream 5xx codes)."""
-    return error.startswith("5") and _NO_STREAM not in error
+    return error.startswith("5") and NO_RESPONDERS not in error
 
 
 def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -368,12 +371,12 @@ class NatsSink:
         # (nats-py awaits this callback before it reconnects.)
         nc = self._nc
         if nc is not None:
-            _drop_queued(nc)
+            drop_queued(nc)
         if self._publisher is not None:
             self._publisher.fail_all(f"disconnected from NATS at {self.where}")
 
-    async def _ensure_stream(self, nc: Client) -> None:
-        js = nc.jetstream(timeout=self.connect_timeout)
+    async def _ensure_stream(self, nc: Client, timeout: float | None = None) -> None:
+        js = nc.jetstream(timeout=timeout or self.connect_timeout)
         try:
             try:
                 await js.stream_info(self.stream)
@@ -400,7 +403,9 @@ class NatsSink:
                         f" for {self.subjects}: {exc.description}"
                     ) from exc
         except nats.js.errors.ServiceUnavailableError as exc:
-            raise SinkUnavailableError(f"JetStream not available at {self.where}: {exc}") from exc
+            raise SinkUnavailableError(
+                f"JetStream not available at {self.where}: {exc}", soon=True
+            ) from exc
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
 
@@ -442,9 +447,11 @@ class NatsSink:
         start = 0  # messages before this one are settled: acknowledged or refused
         refused: dict[int, str] = {}
         problem = ""
+        soon = False  # the last problem was "no responders": a stream electing its leader
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.retry_backoff * attempt)
+            soon = False
             if not nc.is_connected:
                 problem = f"not connected to NATS at {self.where}"
                 continue
@@ -467,7 +474,7 @@ class NatsSink:
             if transient:
                 settled = min(transient)
                 problem = f"JetStream could not store a message: {batch.errors[settled]}"
-            missing = [j for j, err in batch.errors.items() if j < settled and _NO_STREAM in err]
+            missing = [j for j, err in batch.errors.items() if j < settled and NO_RESPONDERS in err]
             if missing:
                 # No stream stores the subject (deleted meanwhile?): not this event's fault.
                 if not self.create_stream:
@@ -477,8 +484,13 @@ class NatsSink:
                     )
                 settled = min(missing)
                 problem = f"NATS stream {self.stream!r} is missing; re-creating it"
+                soon = True
                 try:
-                    await self._ensure_stream(nc)
+                    # A stream electing its leader answers no API request until it
+                    # has one (5 s and more after its leader died): asked with the
+                    # connect timeout, that wait came on top of the election. A
+                    # deleted stream is answered at once, so a second is plenty.
+                    await self._ensure_stream(nc, timeout=_STREAM_CHECK_TIMEOUT)
                 except SinkUnavailableError as exc:
                     problem = str(exc)
             for j, err in batch.errors.items():
@@ -487,7 +499,7 @@ class NatsSink:
             start += settled
             if start >= len(messages):
                 return refused
-        raise SinkUnavailableError(f"NATS at {self.where}: {problem}")
+        raise SinkUnavailableError(f"NATS at {self.where}: {problem}", soon=soon)
 
     async def ping(self) -> bool:
         nc = self._nc
@@ -517,7 +529,7 @@ async def close_quietly(nc: Client) -> None:
     unacknowledged publish is retried by the caller anyway.
     """
     if not nc.is_connected:
-        _drop_queued(nc)
+        drop_queued(nc)
     try:
         await nc.close()
     except (nats.errors.Error, OSError):

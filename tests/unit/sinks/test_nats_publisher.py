@@ -12,15 +12,15 @@ from typing import cast
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from bridge.sinks.nats import JetStreamPublisher, _Batch, _drop_queued
+from bridge.sinks.nats import JetStreamPublisher, _Batch, drop_queued
 
 
 def test_the_outgoing_queue_is_dropped_only_where_nats_py_keeps_it() -> None:
     kept = SimpleNamespace(_pending=[b"PUB a 1\r\nx\r\n"], _pending_data_size=12)
-    _drop_queued(cast(Client, kept))
+    drop_queued(cast(Client, kept))
     assert kept._pending == [] and kept._pending_data_size == 0
     for other in (SimpleNamespace(), SimpleNamespace(_pending=collections.deque([b"x"]))):
-        _drop_queued(cast(Client, other))
+        drop_queued(cast(Client, other))
         assert vars(other) in ({}, {"_pending": collections.deque([b"x"])})
 
 
