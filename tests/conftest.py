@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.kube",
     "tests.fixtures.realkafka",
+    "tests.fixtures.kafkacluster",
     "tests.fixtures.postgres",
 ]
 
