@@ -449,6 +449,10 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+            for p in self.pipelines:
+                # Nothing of a stopped pipeline waits any more: a replica that lost the
+                # lease must not keep a stall alert firing with the age it last had.
+                self.metrics.oldest_unacked_age.labels(resource=p.label).set(0)
 
     async def _start_transactions(
         self, stop: asyncio.Event, lost: asyncio.Event | None = None

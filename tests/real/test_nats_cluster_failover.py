@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.timeout(180)]
 
 # From the kill to the stream's first new event. The stream's election takes 5 to
 # 6.5 s on nats-server 2.15 (measured: its API answers nothing meanwhile); the
-# bridge publishes again within about 1.5 s of it ending (docs/operations.md, "A
-# JetStream node dies"). Before that bound, 8 to 16 s were measured here.
+# bridge publishes again within about 2 s of it ending (docs/operations.md, "When
+# a bus node dies"). Before, 8 to 16 s were measured here.
 RECOVERY_BOUND = 12.0
 STREAM = "K8S"
 BUCKET = "bridge-cp"
