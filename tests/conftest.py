@@ -14,7 +14,6 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.kube",
     "tests.fixtures.realkafka",
-    "tests.fixtures.kafkacluster",
     "tests.fixtures.postgres",
 ]
 

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.timeout(240)]
 
 # A dead leader is replaced once the controller fences it: broker.session.timeout.ms
 # (9 s) after its last heartbeat, then the client's metadata refresh. Measured
-# 7.4 to 13.4 s on this cluster.
+# 7.4 to 13.8 s on this cluster.
 RECOVERY_BOUND = 25.0
 GAUGE = "k8s_bridge_oldest_unacked_age_seconds"
 
