@@ -6,8 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-# The real servers (kube-apiserver, etcd, kubectl, helm, promtool from the Go module
-# proxy; Apache Kafka from Maven Central), built once into a cache outside the
+# The real servers (kube-apiserver, etcd, kubectl, helm, promtool, nats-server from
+# the Go module proxy; Apache Kafka from Maven Central), built once into a cache outside the
 # repository; see tools/realdeps/build.
 REALDEPS ?= $(or $(REALDEPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/k8s-bridge-realdeps)
 export REALDEPS_CACHE := $(REALDEPS)
@@ -55,9 +55,6 @@ lock:
 # initdb and pg_ctl in a temporary folder): Debian keeps its binaries out of PATH,
 # in /usr/lib/postgresql/<version>/bin, so that is where to look for them.
 tools:
-	@command -v nats-server >/dev/null 2>&1 || { \
-	  echo "installing nats-server (Debian package)"; \
-	  (apt-get update -qq && apt-get install -y -qq nats-server) >/dev/null; }
 	@command -v npm >/dev/null 2>&1 || { \
 	  echo "installing Node.js and npm (Debian packages, for the AsyncAPI CLI)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null </dev/null; }
@@ -95,8 +92,8 @@ test-fast: $(BIN)/.installed tools realdeps
 demo: $(BIN)/.runtime
 	$(BIN)/k8s-bridge demo
 
-bench: $(BIN)/.installed tools
-	$(BIN)/python -m bench
+bench: $(BIN)/.installed tools realdeps
+	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

@@ -223,7 +223,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     nats_url, api = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{api_port}"
     binary = shutil.which("nats-server")
     if binary is None:
-        raise SystemExit("nats-server not on PATH (make tools installs it)")
+        raise SystemExit(
+            "nats-server not on PATH (make realdeps builds it; make bench puts it first)"
+        )
     log = tmp / "children.log"
     kubeconfig = tmp / "kubeconfig"
     py = sys.executable

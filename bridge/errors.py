@@ -144,7 +144,16 @@ class SinkError(BridgeError):
 
 
 class SinkUnavailableError(SinkError):
-    """The bus cannot be reached right now; retry later, do not advance checkpoints."""
+    """The bus cannot be reached right now; retry later, do not advance checkpoints.
+
+    ``soon``: the server answered, but nothing serves the subject yet (a JetStream
+    stream electing its leader, or loading after a restart): that lasts seconds,
+    so it is retried at a short fixed delay rather than a growing one
+    (bridge/delivery/retry.py)."""
+
+    def __init__(self, message: str, *, soon: bool = False) -> None:
+        super().__init__(message)
+        self.soon = soon
 
 
 class PoisonEventError(BridgeError):
@@ -152,7 +161,11 @@ class PoisonEventError(BridgeError):
 
 
 class CheckpointError(BridgeError):
-    """Reading or writing a checkpoint failed."""
+    """Reading or writing a checkpoint failed; ``soon`` as on ``SinkUnavailableError``."""
+
+    def __init__(self, message: str, *, soon: bool = False) -> None:
+        super().__init__(message)
+        self.soon = soon
 
 
 class SnapshotError(BridgeError):

@@ -10,6 +10,7 @@ import pytest
 pytest_plugins = [
     "tests.fixtures.emulator",
     "tests.fixtures.nats",
+    "tests.fixtures.natscluster",
     "tests.fixtures.kafka",
     "tests.fixtures.kube",
     "tests.fixtures.realkafka",

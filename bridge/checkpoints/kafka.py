@@ -403,6 +403,14 @@ class KafkaCheckpointStore:
             )
         [described] = await admin.describe_topics([self.topic])
         partitions = len(described.get("partitions") or ())
+        if not partitions:
+            # No topic has no partitions: this broker's metadata has not caught up
+            # with a topic just created (one open in a few on a three-broker cluster,
+            # though another broker already named its leader). Retried as an
+            # unreachable store is, not refused for good.
+            raise CheckpointError(
+                f"{self.where}: the topic {self.topic!r} is not known to every broker yet"
+            )
         if partitions != 1:
             raise ConfigError(
                 f"config error: checkpoint.kafka.topic {self.topic!r}: the topic has"

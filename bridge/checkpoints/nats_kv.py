@@ -44,11 +44,13 @@ from bridge.checkpoints.base import Checkpoint
 from bridge.errors import CheckpointError, SinkError
 from bridge.ground.digest import Digest
 from bridge.ground.nats import (
+    NO_RESPONDERS,
     JetStreamPublisher,
     Outgoing,
     PublishTimeout,
     close_quietly,
     connect,
+    drop_queued,
     tls_context,
 )
 
@@ -127,9 +129,22 @@ class NatsKvCheckpointStore:
                 credentials=self.credentials,
                 nkey_seed=self.nkey_seed,
                 tls=tls_context(self.tls_ca, self.tls_cert, self.tls_key),
+                on_disconnect=self._on_disconnect,
             )
         except SinkError as exc:
             raise CheckpointError(f"{self.where}: {exc}") from exc
+
+    async def _on_disconnect(self) -> None:
+        # As the sink does (bridge/sinks/nats.py): the puts waiting for an ack from
+        # the server just lost fail now, rather than after ack_timeout, and the
+        # frames queued behind them are dropped, so the retry resends them in order
+        # over the next server (a write-ahead row must not land before one read
+        # earlier). With the bucket's leader killed, this is ack_timeout sooner.
+        nc = self._nc
+        if nc is not None:
+            drop_queued(nc)
+        if self._publisher is not None:
+            self._publisher.fail_all(f"disconnected from NATS at {','.join(self.servers)}")
 
     async def probe(self) -> str:
         """What ``open`` would find, without creating a missing bucket
@@ -283,9 +298,10 @@ class NatsKvCheckpointStore:
                     result = await publisher.publish(batch)
                     if result.errors:
                         first = min(result.errors)
+                        error = result.errors[first]
                         raise CheckpointError(
-                            f"{self.where}: commit of {resource_id} rejected:"
-                            f" {result.errors[first]}"
+                            f"{self.where}: commit of {resource_id} rejected: {error}",
+                            soon=error.startswith(NO_RESPONDERS),
                         )
         except (PublishTimeout, nats.errors.Error, OSError) as exc:
             raise CheckpointError(f"{self.where}: commit of {resource_id}: {exc}") from exc

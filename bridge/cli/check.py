@@ -187,6 +187,8 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
     if await _check_sink(settings, report, timeout):
         await _check_bus_durability(settings, report, timeout)
     await _check_checkpoints(settings, report)
+    if settings.checkpoint.kind == "nats-kv":
+        await _check_bucket_durability(settings, report, timeout)
     _check_ha_checkpoint(settings, report)
     return 1 if report.failed else 0
 
@@ -397,6 +399,24 @@ async def _check_bus_durability(settings: Settings, report: _Report, timeout: fl
             return
     except Exception as e:  # an admin API refused or absent: say so, run may still work
         report.warn(f"sink {kind} durability", f"cannot read it: {e!r}")
+        return
+    if found is None:
+        return
+    for problem in found.problems:
+        report.warn(found.what, problem)
+    if not found.problems:
+        report.ok(found.what, found.seen)
+
+
+async def _check_bucket_durability(settings: Settings, report: _Report, timeout: float) -> None:
+    """The NATS KV checkpoint bucket's storage and replicas, warned as the stream's are."""
+    from bridge.cli import durability
+
+    bucket = settings.checkpoint.bucket
+    try:
+        found = await durability.nats_kv_bucket(settings.sink.nats, bucket, timeout)
+    except Exception as e:  # as for the stream: say so, run may still work
+        report.warn(f"checkpoint nats-kv bucket {bucket} durability", f"cannot read it: {e!r}")
         return
     if found is None:
         return

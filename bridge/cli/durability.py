@@ -34,6 +34,29 @@ async def nats_stream(n: NatsSettings, timeout: float) -> Durability | None:
     """The JetStream stream's storage and replicas; None if it does not exist (the
     sink's own check says so). ``sync_interval`` is the server's configuration,
     which no client can read: the line says so rather than guess."""
+    return await _jetstream_durability(
+        n, n.stream, f"sink nats stream {n.stream}", f"stream {n.stream}", timeout, "events"
+    )
+
+
+async def nats_kv_bucket(n: NatsSettings, bucket: str, timeout: float) -> Durability | None:
+    """The checkpoint's KV bucket (the stream ``KV_<bucket>``), as the stream: a bucket
+    on one replica or in memory loses the checkpoint with that server, and the
+    restart then republishes from nothing. None if it does not exist yet (the
+    checkpoint's own line says the first start creates it)."""
+    return await _jetstream_durability(
+        n,
+        f"KV_{bucket}",
+        f"checkpoint nats-kv bucket {bucket}",
+        f"bucket {bucket}",
+        timeout,
+        "checkpoint rows",
+    )
+
+
+async def _jetstream_durability(
+    n: NatsSettings, stream: str, what: str, name: str, timeout: float, holds: str
+) -> Durability | None:
     import nats.js.errors
 
     from bridge.ground.nats import close_quietly, connect, tls_context
@@ -49,7 +72,7 @@ async def nats_stream(n: NatsSettings, timeout: float) -> Durability | None:
     try:
         try:
             async with asyncio.timeout(timeout):
-                info = await nc.jetstream(timeout=timeout).stream_info(n.stream)
+                info = await nc.jetstream(timeout=timeout).stream_info(stream)
         except nats.js.errors.NotFoundError:
             return None
     finally:
@@ -58,19 +81,19 @@ async def nats_stream(n: NatsSettings, timeout: float) -> Durability | None:
     storage = str(getattr(config.storage, "value", config.storage) or "file")
     replicas = config.num_replicas or 1
     result = Durability(
-        f"sink nats stream {n.stream}",
+        what,
         f"{storage} storage, {replicas} replica(s); sync_interval is the server's "
         "(jetstream.sync_interval), not visible to a client: 'always' survives an OS crash",
     )
     if storage == "memory":
         result.problems.append(
-            f"stream {n.stream} has memory storage: a server restart loses every "
-            "acknowledged event; use file storage"
+            f"{name} has memory storage: a server restart loses every "
+            f"acknowledged {'event' if holds == 'events' else 'checkpoint row'}; use file storage"
         )
     if replicas < MIN_REPLICAS:
         result.problems.append(
-            f"stream {n.stream} has {replicas} replica(s): the loss of that server's disk "
-            f"loses acknowledged events; use {MIN_REPLICAS} replicas on a cluster of "
+            f"{name} has {replicas} replica(s): the loss of that server's disk "
+            f"loses acknowledged {holds}; use {MIN_REPLICAS} replicas on a cluster of "
             f"{MIN_REPLICAS} or more servers"
         )
     return result

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.outbox import Batch, Outbox
-from bridge.delivery.retry import retrying
+from bridge.delivery.retry import RetryDelays, retrying
 from bridge.delivery.settings import PipelineSettings
 from bridge.delivery.stats import PipelineStats
 from bridge.errors import CheckpointError
@@ -121,17 +121,20 @@ class Checkpointer:
 
     async def run(self) -> None:
         backoff = self._backoff()
+        delays = RetryDelays(backoff)
         while True:
             await self._commit_due()
             try:
                 await self.commit_once()
             except CheckpointError as e:
                 self.healthy = False
-                delay = backoff.next_delay()
-                log.warning("checkpoint failed; will retry", resource=self._label, error=str(e))
+                delay, again = delays.after(e)
+                if not again:
+                    log.warning("checkpoint failed; will retry", resource=self._label, error=str(e))
                 await asyncio.sleep(delay)
                 continue
             self.healthy = True
+            delays.succeeded()
             backoff.reset()
 
     async def _commit_due(self) -> None:

@@ -258,7 +258,9 @@ class Outbox:
         self._last_observed_rv = watermark
         self.committed_watermark = watermark
         self._committing_since: float | None = None
-        self.last_progress = clock()
+        # (last seq, when taken) of each batch taken and not yet acknowledged, oldest
+        # first: what ``oldest_unacked_age`` reads (the stall metric and readiness).
+        self._taken_at: deque[tuple[int, float]] = deque()
 
     # -- state --------------------------------------------------------------
 
@@ -296,12 +298,13 @@ class Outbox:
             oldest.append(self._committing_since)
         return max(0.0, self._clock() - min(oldest)) if oldest else 0.0
 
-    def stalled_for(self) -> float:
-        """Seconds without acknowledgement progress while events wait (0 when none wait)."""
-        if not self.unacknowledged:
-            self.last_progress = self._clock()
-            return 0.0
-        return self._clock() - self.last_progress
+    def oldest_unacked_age(self) -> float:
+        """Seconds since the oldest batch not yet acknowledged was taken for delivery
+        (written ahead, then handed to the sink); 0 when every taken batch is
+        acknowledged. Batches leave and are acknowledged in order, so the oldest is
+        the first of ``_taken_at``: one clock reading per batch, none per event."""
+        taken = self._taken_at
+        return max(0.0, self._clock() - taken[0][1]) if taken else 0.0
 
     # -- deciding -----------------------------------------------------------
 
@@ -388,6 +391,7 @@ class Outbox:
         entries = [queue.popleft() for _ in range(min(limit, len(queue)))]
         last = entries[-1].seq
         self.taken_seq = last
+        self._taken_at.append((last, self._clock()))
         final: dict[str, Entry] = {}
         for e in entries:
             if not e.announcement:  # an announcement adds nothing the bus may newly hold
@@ -438,7 +442,9 @@ class Outbox:
             if state.last_seq <= acked:
                 del self._open[key]
                 self._acked_keys.append(key)
-        self.last_progress = self._clock()
+        taken = self._taken_at
+        while taken and taken[0][0] <= acked:
+            taken.popleft()
 
     # -- checkpointing --------------------------------------------------------
 

@@ -182,9 +182,16 @@ class ResourcePipeline:
     def has_synced(self) -> bool:
         return self.informer is not None and self.informer.has_synced()
 
-    def stalled(self) -> bool:
-        """Events wait and the bus has acknowledged nothing for ``stall_after`` seconds."""
-        return self.outbox.stalled_for() > self.settings.stall_after
+    def oldest_unacked_age(self) -> float:
+        """Seconds the oldest batch taken for delivery has waited for its ack (0: none waits)."""
+        return self.outbox.oldest_unacked_age()
+
+    def stalled(self) -> float | None:
+        """How long the oldest batch has waited for its ack, once past ``stall_after``
+        (None: not stalled, or ``stall_after`` is 0, off)."""
+        after = self.settings.stall_after
+        age = self.outbox.oldest_unacked_age()
+        return age if after and age >= after else None
 
     def checkpoint_lag(self) -> float:
         return self.outbox.lag()

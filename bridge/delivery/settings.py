@@ -55,8 +55,9 @@ class PipelineSettings:
     max_pending_bytes: int = 8 << 20
     retry_initial: float = 0.5
     retry_cap: float = 30.0
-    # Events waiting while nothing is acknowledged for this long: not-ready.
-    stall_after: float = 120.0
+    # A batch waiting this long for its ack makes the resource not ready
+    # (``health.stallSeconds``); 0: never.
+    stall_after: float = 60.0
     # On shutdown, how long to keep trying to publish what was decided. Giving
     # up loses nothing: those events were written ahead, a restart resolves them.
     shutdown_timeout: float = 10.0

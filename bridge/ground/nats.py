@@ -35,6 +35,9 @@ from bridge.errors import SinkUnavailableError
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+# How a PubAck error starts when no stream serves the subject right now (a stream
+# electing its leader, or none at all).
+NO_RESPONDERS = "no responders"
 
 # Where nats-py's Msg keeps the status of a header block (``NATS/1.0 503``).
 _STATUS = "Status"

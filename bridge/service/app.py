@@ -244,8 +244,12 @@ class BridgeApp:
                 reasons.append(f"{p.label}: checkpoint store failing")
             if p.failed is not None:
                 reasons.append(f"{p.label}: stopped: {p.failed}")
-            if p.stalled():
-                reasons.append(f"{p.label}: checkpoint stalled")
+            stalled = p.stalled()
+            if stalled is not None:
+                reasons.append(
+                    f"{p.label}: the bus has not acknowledged an event for {stalled:.0f}s"
+                    f" (health.stallSeconds {self.settings.health.stall_seconds:g})"
+                )
         ok = not reasons
         self.metrics.ready.set(1 if ok else 0)
         return ok, reasons
@@ -354,6 +358,7 @@ class BridgeApp:
             slim=s.informer.slim,
             max_queued=s.informer.max_queued,
             resync_period=s.informer.resync_period,
+            stall_after=s.health.stall_seconds,
             reflector=reflector,
         )
         self._pipeline_settings = pipeline_settings
@@ -568,6 +573,10 @@ class BridgeApp:
                 if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                     log.error("pipeline failed", resource=p.label, error=str(r))
             await asyncio.gather(*waiters, return_exceptions=True)
+            for p in self.pipelines:
+                # Nothing of a stopped pipeline waits any more: a replica that lost the
+                # lease must not keep a stall alert firing with the age it last had.
+                self.metrics.oldest_unacked_age.labels(resource=p.label).set(0)
             self._tasks = {}
 
     async def _start_gradually(self) -> None:

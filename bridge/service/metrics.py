@@ -181,6 +181,15 @@ class Metrics:
             namespace=ns,
             registry=registry,
         )
+        # The name and label are what the alert rules use (charts/, docs/operations.md).
+        self.oldest_unacked_age = Gauge(
+            "oldest_unacked_age_seconds",
+            "Age of the oldest event taken for delivery (written ahead, handed to the"
+            " sink) and not yet acknowledged; 0 when none waits",
+            ["resource"],
+            namespace=ns,
+            registry=registry,
+        )
         self.ready = Gauge(
             "ready",
             "1 when the bridge is ready (synced, sink reachable)",
@@ -256,15 +265,6 @@ class Metrics:
         self.unacknowledged = Gauge(
             "unacknowledged",
             "Events of the resource decided and not yet acknowledged by the sink",
-            ["resource"],
-            namespace=ns,
-            registry=registry,
-        )
-        # The stall alert's gauge; the stall detection sets it (registered here so the
-        # alert's metric exists wherever the rules are checked against a scrape).
-        self.oldest_unacked_age = Gauge(
-            "oldest_unacked_age_seconds",
-            "Age of the oldest event handed to the sink and not yet acknowledged",
             ["resource"],
             namespace=ns,
             registry=registry,

@@ -84,6 +84,7 @@ class PipelineObserver:
             )
             self._count(p.label, p.filter_errors, self._filter_errors, self.metrics.filter_errors)
             self.metrics.checkpoint_lag.labels(resource=p.label).set(p.checkpoint_lag())
+            self.metrics.oldest_unacked_age.labels(resource=p.label).set(p.oldest_unacked_age())
             self._monitoring(p)
         self._monitoring_bridge()
 

@@ -621,6 +621,16 @@ class ServerSettings(_Section):
         return "token" if self.control_token is not None else "kubernetes"
 
 
+class HealthSettings(_Section):
+    stall_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds an event may wait for the bus's ack (the oldest one, as"
+        " k8s_bridge_oldest_unacked_age_seconds shows) before /readyz says 503 for its"
+        " resource; 0: never",
+    )
+
+
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -745,6 +755,7 @@ class Settings(BaseSettings):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     informer: InformerSettings = Field(default_factory=InformerSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)

@@ -24,6 +24,7 @@ from bridge.errors import SinkError, SinkUnavailableError
 from bridge.ground.envelope import Event
 from bridge.ground.nats import (
     MSG_ID,
+    NO_RESPONDERS,
     JetStreamPublisher,
     Outgoing,
     PublishTimeout,
@@ -43,7 +44,8 @@ log = logging.getLogger(__name__)
 # What an HPUB's header block adds to a message besides the id itself
 # ("NATS/1.0\r\n" + "Nats-Msg-Id: " + "\r\n\r\n"): counted against max_payload.
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
-_NO_STREAM = "no responders"
+# How long a publish that met "no responders" waits for the stream's info.
+_STREAM_CHECK_TIMEOUT = 1.0
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -59,7 +61,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 def _transient(error: str) -> bool:
     """A PubAck error that says "not now" rather than "never" (JetStream 5xx codes)."""
-    return error.startswith("5") and _NO_STREAM not in error
+    return error.startswith("5") and NO_RESPONDERS not in error
 
 
 class NatsSink:
@@ -153,13 +155,15 @@ class NatsSink:
             return None
         return f"{self.stream}_DEAD_LETTERS"
 
-    async def _ensure_stream(self, nc: Client) -> None:
-        await self._ensure(nc, self.stream, self.subjects)
+    async def _ensure_stream(self, nc: Client, timeout: float | None = None) -> None:
+        await self._ensure(nc, self.stream, self.subjects, timeout)
         if self.dead_letter_stream is not None and self.dead_letter_subject is not None:
-            await self._ensure(nc, self.dead_letter_stream, [self.dead_letter_subject])
+            await self._ensure(nc, self.dead_letter_stream, [self.dead_letter_subject], timeout)
 
-    async def _ensure(self, nc: Client, stream: str, subjects: list[str]) -> None:
-        js = nc.jetstream(timeout=self.connect_timeout)
+    async def _ensure(
+        self, nc: Client, stream: str, subjects: list[str], timeout: float | None = None
+    ) -> None:
+        js = nc.jetstream(timeout=timeout or self.connect_timeout)
         try:
             try:
                 await js.stream_info(stream)
@@ -186,7 +190,9 @@ class NatsSink:
                         f" for {subjects}: {exc.description}"
                     ) from exc
         except nats.js.errors.ServiceUnavailableError as exc:
-            raise SinkUnavailableError(f"JetStream not available at {self.where}: {exc}") from exc
+            raise SinkUnavailableError(
+                f"JetStream not available at {self.where}: {exc}", soon=True
+            ) from exc
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
 
@@ -235,9 +241,11 @@ class NatsSink:
         start = 0  # messages before this one are settled: acknowledged or refused
         refused: dict[int, str] = {}
         problem = ""
+        soon = False  # the last problem was "no responders": a stream electing its leader
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.retry_backoff * attempt)
+            soon = False
             if not nc.is_connected:
                 problem = f"not connected to NATS at {self.where}"
                 continue
@@ -260,7 +268,7 @@ class NatsSink:
             if transient:
                 settled = min(transient)
                 problem = f"JetStream could not store a message: {batch.errors[settled]}"
-            missing = [j for j, err in batch.errors.items() if j < settled and _NO_STREAM in err]
+            missing = [j for j, err in batch.errors.items() if j < settled and NO_RESPONDERS in err]
             if missing:
                 # No stream stores the subject (deleted meanwhile?): not this event's fault.
                 if not self.create_stream:
@@ -270,8 +278,13 @@ class NatsSink:
                     )
                 settled = min(missing)
                 problem = f"NATS stream {self.stream!r} is missing; re-creating it"
+                soon = True
                 try:
-                    await self._ensure_stream(nc)
+                    # A stream electing its leader answers no API request until it
+                    # has one (5 s and more after its leader died): asked with the
+                    # connect timeout, that wait came on top of the election. A
+                    # deleted stream is answered at once, so a second is plenty.
+                    await self._ensure_stream(nc, timeout=_STREAM_CHECK_TIMEOUT)
                 except SinkUnavailableError as exc:
                     problem = str(exc)
             for j, err in batch.errors.items():
@@ -280,7 +293,7 @@ class NatsSink:
             start += settled
             if start >= len(messages):
                 return refused
-        raise SinkUnavailableError(f"NATS at {self.where}: {problem}")
+        raise SinkUnavailableError(f"NATS at {self.where}: {problem}", soon=soon)
 
     async def publish_dead_letters(self, letters: Sequence[DeadLetter]) -> Mapping[int, str]:
         """Dead letters on ``deadLetterSubject``, whole or cut to the server's

@@ -21,6 +21,8 @@ class MemorySink:
     keeps nothing, as a real bus gives no guarantee about a failed batch.
     ``max_payload`` (bytes) or ``refuse`` (event → reason or None) make it
     refuse single events for good, as a real bus refuses an oversized one.
+    ``hold()`` makes publishes wait, answering nothing, until ``release()``: a bus
+    electing a leader, whose client waits rather than fails.
     """
 
     def __init__(
@@ -47,6 +49,14 @@ class MemorySink:
         self._error: type[SinkError] = SinkUnavailableError
         # As on KafkaSink: the app takes a sink with transactions for exactly-once.
         self.transactions: MemoryTransactions | None = None
+        self._released = asyncio.Event()
+        self._released.set()
+
+    def hold(self) -> None:
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
 
     def fail_next(self, n: int = 1, error: type[SinkError] = SinkUnavailableError) -> None:
         self._failures = n
@@ -61,6 +71,7 @@ class MemorySink:
             raise SinkError("memory sink is closed")
         if self.delay:
             await asyncio.sleep(self.delay)
+        await self._released.wait()
         if not self.available:
             raise SinkUnavailableError("memory sink is unavailable")
         if self._failures > 0:

@@ -20,6 +20,7 @@ from bridge.checkpoints.sqlite import SqliteCheckpointStore
 from bridge.emulator import Emulator
 from tests.e2e.bridge_process import cli, free_port, write_config
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.natscluster import NatsCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -307,6 +308,49 @@ async def test_a_memory_stream_is_a_warning_and_a_file_stream_is_not(
             assert memory == [], lines
         # One server: fewer than 3 replicas either way.
         assert any(f"stream {stream} has 1 replica(s)" in w for w in warned), lines
+
+
+async def test_the_checkpoint_bucket_below_r3_or_in_memory_warns_and_r3_file_is_ok(
+    tmp_path: Path, kubeconfig: Path, emulator: Emulator, nats_cluster: NatsCluster
+) -> None:
+    """The NATS KV checkpoint is read as the stream is: on a real three-node JetStream
+    cluster, a bucket of one replica in memory warns twice (each naming the bucket),
+    one of three replicas on file says what it read."""
+    import nats
+    from nats.js.api import StorageType
+
+    nc = await nats.connect(servers=nats_cluster.urls)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="K8S", subjects=["k8s.>"], num_replicas=3)
+        await js.create_key_value(bucket="weak", history=1, storage=StorageType.MEMORY)
+        await js.create_key_value(bucket="strong", history=1, replicas=3)
+    finally:
+        await nc.close()
+    seen = {}
+    for bucket in ("weak", "strong"):
+        home = tmp_path / bucket
+        home.mkdir()
+        config = write_config(
+            home / "bridge.yaml",
+            kubeconfig=kubeconfig,
+            sink={"kind": "nats", "nats": {"servers": nats_cluster.urls}},
+            checkpoint={"kind": "nats-kv", "bucket": bucket},
+            resources=[{"apiVersion": "v1", "kind": "Pod"}],
+        )
+        code, lines, err = await check(config)
+        assert code == 0, (lines, err)
+        seen[bucket] = [line for line in lines if "checkpoint nats-kv bucket" in line]
+    assert seen["weak"] == [
+        "WARN  checkpoint nats-kv bucket weak: bucket weak has memory storage: a server"
+        " restart loses every acknowledged checkpoint row; use file storage",
+        "WARN  checkpoint nats-kv bucket weak: bucket weak has 1 replica(s): the loss of"
+        " that server's disk loses acknowledged checkpoint rows; use 3 replicas on a"
+        " cluster of 3 or more servers",
+    ], seen
+    assert len(seen["strong"]) == 1 and seen["strong"][0].startswith(
+        "ok    checkpoint nats-kv bucket strong: file storage, 3 replica(s)"
+    ), seen
 
 
 async def kafka_topic_with(bootstrap: str, name: str, configs: dict[str, str]) -> None:

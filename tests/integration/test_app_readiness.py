@@ -198,6 +198,49 @@ async def test_sink_refusing_events_makes_not_ready_naming_the_sink_then_ready(
         assert [e.subject for e in sink.events] == ["default/while-down"]
 
 
+async def test_a_bus_that_answers_nothing_shows_as_a_stall_then_recovers(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """A publish that neither lands nor fails (a leader election) is no error the sink
+    sees: the oldest unacknowledged event's age grows on /metrics, and past
+    health.stallSeconds /readyz says 503 naming the resource, until the bus answers."""
+    sink = MemorySink()
+    settings = settings_for(kubeconfig, health={"stallSeconds": 1.5})
+    app = BridgeApp(settings, sink=sink, checkpoints=MemoryCheckpointStore())
+    gauge = 'k8s_bridge_oldest_unacked_age_seconds{resource="v1/pods"}'
+
+    async def age(r: Running) -> float:
+        _, text = await r.get("/metrics")
+        line = next((x for x in text.splitlines() if x.startswith(gauge)), None)
+        return float(line.rsplit(" ", 1)[1]) if line else -1.0
+
+    async with running(app) as r:
+        await until(lambda: status_is(r, 200), 15, lambda: "never ready")
+        sink.hold()
+        emulator.create(pod("held"))
+        await until(lambda: status_is(r, 503), 10, lambda: "still ready with the bus silent")
+        _, body = await r.readyz()
+        assert "v1/pods: the bus has not acknowledged an event for" in body, body
+        assert "widgets" not in body, body
+        # The gauge is carried over once a second (bridge/service/observer.py).
+        ages = [await age(r)]
+
+        async def grew() -> bool:
+            ages.append(await age(r))
+            return ages[-1] >= ages[0] + 1.0
+
+        await until(grew, 5, lambda: f"the age did not grow while held: {ages}")
+        assert ages[-1] >= 1.5, ages
+        sink.release()
+        await until(lambda: status_is(r, 200), 15, lambda: "not ready after the bus answered")
+
+        async def zero() -> bool:
+            return await age(r) == 0.0
+
+        await until(zero, 5, lambda: "the age did not return to 0")
+        assert [e.subject for e in sink.events] == ["default/held"]
+
+
 async def test_metrics_show_published_events_and_cache_objects(
     kubeconfig: Path, emulator: Emulator
 ) -> None:

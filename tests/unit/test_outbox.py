@@ -277,14 +277,21 @@ def test_a_failed_commit_offers_its_watermark_again() -> None:
     assert again is not None and again.watermark == "10" and set(again.keys) == {"a"}
 
 
-def test_stalled_counts_only_while_events_wait() -> None:
+def test_the_oldest_unacked_age_counts_from_the_oldest_batch_taken() -> None:
     w = World()
-    assert w.outbox.stalled_for() == 0.0
+    assert w.outbox.oldest_unacked_age() == 0.0
     w.change("a", "ua", 10)
+    first = w.outbox.take(1)
     w.clock.now += 30
-    assert w.outbox.stalled_for() == pytest.approx(30)
-    w.publish()
-    assert w.outbox.stalled_for() == 0.0
+    w.change("b", "ub", 11)
+    second = w.outbox.take(1)
+    w.clock.now += 5
+    assert first is not None and second is not None
+    assert w.outbox.oldest_unacked_age() == pytest.approx(35)
+    w.outbox.acknowledged(first)
+    assert w.outbox.oldest_unacked_age() == pytest.approx(5)
+    w.outbox.acknowledged(second)
+    assert w.outbox.oldest_unacked_age() == 0.0
 
 
 # -- resume --------------------------------------------------------------------
