@@ -83,6 +83,7 @@ class NatsSink:
         retry_backoff: float = 0.2,
         duplicate_window: float = 120.0,
         dead_letter_subject: str | None = None,
+        routes: Mapping[str, str] | None = None,
     ) -> None:
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.stream = stream
@@ -99,6 +100,9 @@ class NatsSink:
         self.duplicate_window = duplicate_window
         # poisonPolicy deadLetter: where refused events go (bridge/sinks/deadletter.py).
         self.dead_letter_subject = dead_letter_subject
+        # sink.routes: route name → the prefix that replaces the leading ``k8s`` of an
+        # event's subject on that route. An event names its routes; none: the default.
+        self.routes = dict(routes or {})
         self._nc: Client | None = None
         self._publisher: JetStreamPublisher | None = None
         self._lock = asyncio.Lock()
@@ -215,11 +219,25 @@ class NatsSink:
                 if e.tracestate:
                     headers["tracestate"] = e.tracestate
                     size += len("tracestate") + len(e.tracestate) + 4
+            if e.routes:  # a route's id is longer: "@{route}"
+                size += 1 + max(len(r) for r in e.routes)
             if size > limit:
                 refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
                 continue
-            messages.append((e.nats_subject, payload, headers))
-            sent.append(i)
+            if not e.routes:
+                messages.append((e.nats_subject, payload, headers))
+                sent.append(i)
+                continue
+            # One message per route, each with its own Nats-Msg-Id ({id}@{route}): the
+            # duplicate window is per stream, and would drop the second copy. The event
+            # is acknowledged when every route's message is; one refused refuses it.
+            for route in e.routes:
+                prefix = self.routes.get(route)
+                if prefix is None:
+                    raise SinkError(f"event {e.id} names route {route!r}, not in sink.routes")
+                routed = {**headers, MSG_ID: e.route_msg_id(route)}
+                messages.append((prefix + e.nats_subject.removeprefix("k8s"), payload, routed))
+                sent.append(i)
         if messages:
             # One batch at a time keeps per-subject order across concurrent callers.
             async with self._lock:
