@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.e2e.bridge_process import BridgeProcess, kill9
+from tests.e2e.bridge_process import BridgeProcess, jetstream_events, kill9
 from tests.e2e.crash_world import (
     World,
     check_property,
@@ -42,6 +42,7 @@ from tests.e2e.crash_world import (
     sqlite_settled,
 )
 from tests.fixtures.kube import KubeCluster
+from tests.fixtures.nats import NatsServer
 from tests.fixtures.realkafka import KafkaBroker
 from tests.real.eos_world import OpenTransactions, make_topics
 from tests.real.test_crash_property_real import INITIAL, ROUNDS, config, real_target
@@ -184,3 +185,48 @@ async def test_kill9_with_two_routes_and_exactly_once_nothing_twice_and_routes_a
         f"seed {s}: {ROUNDS} kills, {len(caught)} inside a transaction open on route even;"
         f" {len(every)} events on every, {len(even)} on even"
     )
+
+
+async def test_kill9_with_two_routes_against_jetstream_each_route_keeps_every_copy_once(
+    tmp_path: Path, kube_cluster: KubeCluster, kube_namespace: str, nats_control: NatsServer
+) -> None:
+    """The same kills against JetStream: each route's copies carry ``{id}@{route}``, so
+    the duplicate window keeps one copy per route and drops every redelivery."""
+    s = seed()
+    ns = kube_namespace
+    stream = "R" + uuid.uuid4().hex[:8]
+    sink = {
+        "kind": "nats",
+        "nats": {
+            "servers": [nats_control.url],
+            "stream": stream,
+            "subjects": [f"{stream}.>"],
+        },
+        "routing": "all",
+        "routes": [
+            {"name": "every", "when": "true", "subjectPrefix": f"{stream}.every"},
+            {"name": "even", "when": EVEN, "subjectPrefix": f"{stream}.even"},
+        ],
+    }
+    world = await crash_rounds(
+        real_target(kube_cluster, ns, random.Random(s + 1)),
+        config(tmp_path, kube_cluster, ns, sink),
+        random.Random(s),
+        ROUNDS,
+        sqlite_settled(tmp_path / "state.db", f"core/v1/pods@{ns}"),
+        initial=INITIAL,
+        seed=s,
+    )
+    events = await jetstream_events(nats_control.url, stream)
+    on: dict[str, list[Body]] = {"every": [], "even": []}
+    for e in events:
+        route = e["_subject"].split(".")[1]
+        assert e["_msg_id"] == f"{e['id']}@{route}", f"{e['_msg_id']} (CRASH_SEED={s})"
+        on[route].append(e)
+    for route, evs in on.items():
+        ids = [e["id"] for e in evs]
+        assert len(ids) == len(set(ids)), f"an id twice on route {route} (CRASH_SEED={s})"
+    check_property(world, on["every"], s, "jetstream route every")
+    check_property(even_world(world), on["even"], s, "jetstream route even")
+    want = [e["id"] for e in on["every"] if is_even(name_of(e))]
+    assert sorted(e["id"] for e in on["even"]) == sorted(want), f"routes differ (CRASH_SEED={s})"
