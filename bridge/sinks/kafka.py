@@ -351,6 +351,11 @@ class KafkaSink:
         """``(event index, topic, key, value, headers)``: one record per event on the
         default route, one per route an event names, the same key, value and
         headers on each (the same ids), in event order."""
+        if not self.routes and not self.state_table:
+            # No routes configured: one record per event, made in one step (this is the
+            # path of every bridge without routes; ``python -m bench routes``).
+            topic_for = self.topic_for
+            return [(i, topic_for(e), e.key, e.to_json(), e.headers) for i, e in enumerate(events)]
         out: list[_Owned] = []
         for i, e in enumerate(events):
             topic, key, value, headers = self._record(e)
