@@ -381,8 +381,8 @@ class RouteSettings(_Section):
     name: str = Field(
         min_length=1,
         pattern=r"^[A-Za-z0-9_-]+$",
-        description="Names the route in Event.routes, metrics and logs, and in the NATS "
-        "message id of its copies ({id}@{name}); letters, digits, - and _",
+        description="Names the route in logs and in the NATS message id of its copies "
+        "({id}@{name}); letters, digits, - and _",
     )
     when: str = Field(
         min_length=1,

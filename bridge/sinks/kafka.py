@@ -7,6 +7,11 @@ state): key = ``apiVersion/kind/namespace/name`` (namespace empty for
 cluster-scoped objects), value = the object JSON, and a null value (tombstone)
 when the object is deleted.
 
+Routes (``sink.routes``): an event that names routes (``Event.routes``) goes to
+each route's topic instead of ``topic``, the same record (key, value, headers)
+on each; it counts as published only when every one landed, and a record one
+route refuses refuses the event.
+
 Heartbeats (bridge/delivery/heartbeat.py) go to their own topic (``heartbeatTopic``,
 by default the change topic + ``.heartbeats``, placeholders filled from the
 heartbeat's resource), as structured CloudEvents keyed by the resource scope:

@@ -6,6 +6,10 @@ arrival order. A batch that is not fully acknowledged (timeout, error,
 disconnect) is resent from its first unacknowledged message onwards, in the
 original order; messages that did land are dropped by the stream's duplicate
 window, as each carries ``Nats-Msg-Id`` = event id.
+
+Routes (``sink.routes``): an event that names routes goes to each route's
+subject (the route's prefix in place of the leading ``k8s``) with
+``Nats-Msg-Id`` ``{id}@{route}``, as the duplicate window is per stream.
 """
 
 from __future__ import annotations
