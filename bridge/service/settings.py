@@ -148,6 +148,11 @@ class ResourceSettings(_Section):
         "for are published (one leaving it: a filtered event), e.g. "
         "object.status.phase == 'Failed'",
     )
+    routes: list[str] | None = Field(
+        default=None,
+        description="Names of the sink.routes this resource's events are routed by, in "
+        "sink.routes' order; omitted: all of them; []: none (every event to the default)",
+    )
     heartbeat_interval: float | None = Field(
         default=None,
         gt=0,
@@ -790,6 +795,19 @@ class Settings(BaseSettings):
             problem = f"{key}: deadLetter needs sink.nats.deadLetterSubject"
         if problem is not None:
             raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @model_validator(mode="after")
+    def _resource_routes_exist(self) -> Settings:
+        names = {r.name for r in self.sink.routes}
+        for i, res in enumerate(self.resources):
+            unknown = [n for n in res.routes or () if n not in names]
+            if unknown:
+                raise PydanticCustomError(
+                    "keyed_error",
+                    f"resources[{i}].routes: {unknown[0]!r} is not the name of one of"
+                    f" sink.routes ({', '.join(sorted(names)) or 'none configured'})",
+                )
         return self
 
     @model_validator(mode="after")

@@ -224,13 +224,18 @@ def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo)
         include_old=res.include_old,
         patch=res.patch,
         fields=res.fields,
-        router=router(settings, info.plural),
+        router=router(settings, res, info.plural),
     )
 
 
-def router(settings: Settings, label: str = "") -> Router | None:
-    """The compiled ``sink.routes`` (None without routes: events go to the default)."""
+def router(
+    settings: Settings, res: ResourceSettings | None = None, label: str = ""
+) -> Router | None:
+    """The compiled ``sink.routes`` of one resource (those its ``routes`` names, all when
+    it names none); None without routes: its events go to the default."""
     routes = settings.sink.routes
+    if res is not None and res.routes is not None:
+        routes = [r for r in routes if r.name in res.routes]
     if not routes:
         return None
     return Router([(r.name, r.when) for r in routes], settings.sink.routing, label=label)

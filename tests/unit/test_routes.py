@@ -210,3 +210,39 @@ def test_a_route_topic_template_is_checked_naming_the_route() -> None:
 
     with pytest.raises(ConfigError, match=r"sink.routes \(a\).topic 'x-\{nope\}'"):
         KafkaSink(["127.0.0.1:1"], routes={"a": "x-{nope}"})
+
+
+def test_a_resource_takes_the_routes_it_names_or_all_or_none() -> None:
+    routes = [
+        {"name": "a", "when": TEAM_A, "topic": "ta"},
+        {"name": "web", "when": WEB, "topic": "tw"},
+    ]
+    s = load_settings(
+        None,
+        env={},
+        overrides={
+            "resources": [
+                {"apiVersion": "v1", "kind": "Pod"},
+                {"apiVersion": "v1", "kind": "ConfigMap", "routes": ["web"]},
+                {"apiVersion": "v1", "kind": "Secret", "routes": []},
+            ],
+            "sink": {**KAFKA, "routing": "all", "routes": routes},
+        },
+    )
+    pods, configmaps, secrets = (router(s, res) for res in s.resources)
+    assert pods is not None and pods.decide(obj("team-a", "web"), None, "added") == ("a", "web")
+    assert configmaps is not None
+    assert configmaps.decide(obj("team-a", "web"), None, "added") == ("web",)
+    assert secrets is None
+    with pytest.raises(ConfigError) as e:
+        load_settings(
+            None,
+            env={},
+            overrides={
+                "resources": [{"apiVersion": "v1", "kind": "Pod", "routes": ["nope"]}],
+                "sink": {**KAFKA, "routes": routes},
+            },
+        )
+    assert "resources[0].routes: 'nope' is not the name of one of sink.routes (a, web)" in str(
+        e.value
+    )
