@@ -165,6 +165,26 @@ class NatsSink:
         await self._ensure(nc, self.stream, self.subjects)
         if self.dead_letter_stream is not None and self.dead_letter_subject is not None:
             await self._ensure(nc, self.dead_letter_stream, [self.dead_letter_subject])
+        if self.routes:
+            await self._check_routes(nc)
+
+    async def _check_routes(self, nc: Client) -> None:
+        """An existing stream is used as is: one whose subjects leave a route's out would
+        answer its messages with "no responders" forever. Said at start, in one line."""
+        js = nc.jetstream(timeout=self.connect_timeout)
+        try:
+            info = await js.stream_info(self.stream)
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
+        subjects = list(info.config.subjects or [])
+        for name, prefix in self.routes.items():
+            # A route's subjects: the prefix and the six tokens of an event's subject.
+            if not any(subject_matches(p, prefix + ".c.g.v.r.n.n") for p in subjects):
+                raise SinkError(
+                    f"NATS stream {self.stream!r} (subjects {subjects}) does not store route"
+                    f" {name!r} (sink.routes subjectPrefix {prefix!r}): add '{prefix}.>' to"
+                    " the stream's subjects"
+                )
 
     async def _ensure(self, nc: Client, stream: str, subjects: list[str]) -> None:
         js = nc.jetstream(timeout=self.connect_timeout)

@@ -23,6 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
 from bridge.delivery.events import EventBuilder
 from bridge.delivery.routes import Router
+from bridge.errors import SinkError
 from bridge.ground.envelope import Event
 from bridge.ground.nats import MSG_ID
 from bridge.sinks.kafka import KafkaSink
@@ -173,3 +174,23 @@ async def test_kafka_a_record_one_route_refuses_refuses_the_event(kafka_broker: 
     assert "too large" in refused[1]
     on_b = [dict(r.headers)["ce_id"].decode() for r in await consume(kafka_broker, tb, 2)]
     assert on_b == [evs[0].id, evs[2].id]
+
+
+async def test_an_existing_stream_that_does_not_store_a_route_is_one_line_at_start(
+    nats_server: str,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    # The stream exists with the change subjects only (made by a bridge without routes).
+    first = NatsSink([nats_server], stream=f"S{tag}", subjects=[f"k8s.c{tag}.>"])
+    await first.start()
+    await first.close()
+    sink = NatsSink(
+        [nats_server],
+        stream=f"S{tag}",
+        subjects=[f"k8s.c{tag}.>", f"ra{tag}.>"],
+        routes={"a": f"ra{tag}"},
+    )
+    with pytest.raises(SinkError) as e:
+        await sink.start()
+    assert f"does not store route 'a' (sink.routes subjectPrefix 'ra{tag}')" in str(e.value)
+    assert "\n" not in str(e.value)
