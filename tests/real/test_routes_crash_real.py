@@ -14,6 +14,9 @@ aiokafka's consumer (``read_committed`` with exactly-once), per route:
   commit in one transaction, so a kill cannot leave one route without what the
   other has.
 
+Against JetStream the same kills: each route's copies carry ``Nats-Msg-Id``
+``{id}@{route}``, so no id twice on a route, and each route holds the property.
+
 The seed is in every failure message (``CRASH_SEED=… pytest …`` replays a run).
 """
 
@@ -120,10 +123,11 @@ async def test_kill9_with_two_routes_each_route_keeps_the_property(
         initial=INITIAL,
         seed=s,
     )
-    every, even = await check_routes(world, real_kafka.bootstrap, tag, s, "read_uncommitted")
-    # Every id of an even Pod on route every reached route even too, and no other.
-    want = {e["id"] for e in every if is_even(name_of(e))}
-    assert {e["id"] for e in even} == want, f"routes differ (CRASH_SEED={s})"
+    # Each route on its own, as without routing. Not "the same ids on both": at least
+    # once, a kill after one route took a batch and before the other did leaves that
+    # state only where it landed, when the object moved on while the bridge was down
+    # (the restart publishes the newer state), as it leaves it nowhere without routes.
+    await check_routes(world, real_kafka.bootstrap, tag, s, "read_uncommitted")
 
 
 async def test_kill9_with_two_routes_and_exactly_once_nothing_twice_and_routes_agree(
@@ -228,5 +232,5 @@ async def test_kill9_with_two_routes_against_jetstream_each_route_keeps_every_co
         assert len(ids) == len(set(ids)), f"an id twice on route {route} (CRASH_SEED={s})"
     check_property(world, on["every"], s, "jetstream route every")
     check_property(even_world(world), on["even"], s, "jetstream route even")
-    want = [e["id"] for e in on["every"] if is_even(name_of(e))]
-    assert sorted(e["id"] for e in on["even"]) == sorted(want), f"routes differ (CRASH_SEED={s})"
+    odd = [e["id"] for e in on["even"] if not is_even(name_of(e))]
+    assert not odd, f"odd Pods on route even: {odd[:5]} (CRASH_SEED={s})"
