@@ -246,3 +246,34 @@ def test_a_resource_takes_the_routes_it_names_or_all_or_none() -> None:
     assert "resources[0].routes: 'nope' is not the name of one of sink.routes (a, web)" in str(
         e.value
     )
+
+
+def test_the_kafka_sink_makes_one_record_per_route_and_one_without() -> None:
+    from bridge.sinks.kafka import KafkaSink
+
+    builder = EventBuilder(
+        cluster="c", group="", version="v1", kind="Pod", plural="pods", router=Router(ROUTES, "all")
+    )
+    evs = [
+        build(builder, obj("team-a-1", "web")),
+        build(builder, obj("x")),
+        build(builder, obj("y", "web")),
+    ]
+    sink = KafkaSink(
+        ["127.0.0.1:1"], topic="k8s-{resource}", routes={"team-a": "a", "web": "w-{kind}"}
+    )
+    records = sink.records(evs)
+    assert [(i, topic) for i, topic, *_ in records] == [
+        (0, "a"),
+        (0, "w-Pod"),
+        (1, "k8s-pods"),
+        (2, "w-Pod"),
+    ]
+    # The same key, value and headers on every route of an event.
+    assert records[0][2:] == records[1][2:]
+    # Without routes configured: one record per event, as the routed path makes it.
+    plain = KafkaSink(["127.0.0.1:1"], topic="k8s-{resource}")
+    assert [r[1:] for r in plain.records([evs[1]])] == [records[2][1:]]
+    assert [
+        r[:2] for r in KafkaSink(["127.0.0.1:1"], topic="t", state_table=True).records(evs[1:2])
+    ] == [(0, "t")]
