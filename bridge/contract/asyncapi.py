@@ -1,7 +1,8 @@
 """The AsyncAPI 3.1 document of the bridge's channels, built from the code's defaults.
 
-Kafka: the change topic (``sink.kafka.topic``), the heartbeat topic and the
-dead-letter topic, keys and headers; NATS JetStream: the change subjects, the
+Kafka: the change topic (``sink.kafka.topic``), the route topics
+(``sink.routes``), the heartbeat topic and the dead-letter topic, keys and
+headers; NATS JetStream: the change subjects, the route subjects, the
 heartbeat subjects and the dead-letter subject, with ``Nats-Msg-Id``. Defaults
 come from the settings models and the subject layouts from the builders that
 make them, so the document follows the code (tests/unit/test_contract.py
@@ -115,6 +116,19 @@ def document() -> Doc:
                     "snapshot": _ref(_MESSAGES + "kafkaSnapshot"),
                 },
             },
+            "kafkaRoutes": {
+                "address": "{routeTopic}",
+                "title": "Kafka route topics",
+                "description": "sink.routes: the events whose route expression held (routing"
+                " first or all), the same records as on the change topic (same key, value and"
+                " headers); with exactlyOnce in the batch's one transaction",
+                "parameters": {"routeTopic": _param("sink.routes[].topic; placeholders as topic")},
+                "servers": [_ref("#/servers/kafka")],
+                "messages": {
+                    "change": _ref(_MESSAGES + "kafkaChange"),
+                    "snapshot": _ref(_MESSAGES + "kafkaSnapshot"),
+                },
+            },
             "kafkaHeartbeats": {
                 "address": "{heartbeatTopic}",
                 "title": "Kafka heartbeat topic",
@@ -145,6 +159,22 @@ def document() -> Doc:
                     "snapshot": _ref(_MESSAGES + "natsSnapshot"),
                 },
             },
+            "natsRoutes": {
+                "address": "{subjectPrefix}" + nats_subject.removeprefix("k8s"),
+                "title": "NATS JetStream route subjects",
+                "description": "sink.routes: the events whose route expression held (routing"
+                " first or all), the same events as on the change subjects",
+                "parameters": {
+                    "subjectPrefix": _param("sink.routes[].subjectPrefix"),
+                    **subject_params,
+                    "name": _param("object name" + token),
+                },
+                "servers": [_ref("#/servers/nats")],
+                "messages": {
+                    "change": _ref(_MESSAGES + "natsRouteChange"),
+                    "snapshot": _ref(_MESSAGES + "natsRouteSnapshot"),
+                },
+            },
             "natsHeartbeats": {
                 "address": heartbeat_subject,
                 "title": "NATS JetStream heartbeat subjects",
@@ -170,9 +200,11 @@ def document() -> Doc:
             }
             for name, channel, messages, summary in (
                 ("publishKafkaChanges", "kafkaChanges", ["change", "snapshot"], "changes"),
+                ("publishKafkaRoutes", "kafkaRoutes", ["change", "snapshot"], "routed changes"),
                 ("publishKafkaHeartbeats", "kafkaHeartbeats", ["heartbeat"], "heartbeats"),
                 ("publishKafkaDeadLetters", "kafkaDeadLetters", ["deadLetter"], "dead letters"),
                 ("publishNatsChanges", "natsChanges", ["change", "snapshot"], "changes"),
+                ("publishNatsRoutes", "natsRoutes", ["change", "snapshot"], "routed changes"),
                 ("publishNatsHeartbeats", "natsHeartbeats", ["heartbeat"], "heartbeats"),
                 ("publishNatsDeadLetters", "natsDeadLetters", ["deadLetter"], "dead letters"),
             )
@@ -217,6 +249,16 @@ def document() -> Doc:
                 ),
                 "natsSnapshot": _message(
                     "snapshot", "Snapshot announcement", SNAPSHOT, event, schemas.nats_headers()
+                ),
+                "natsRouteChange": _message(
+                    "change", "Change", change_types, event, schemas.nats_headers(route=True)
+                ),
+                "natsRouteSnapshot": _message(
+                    "snapshot",
+                    "Snapshot announcement",
+                    SNAPSHOT,
+                    event,
+                    schemas.nats_headers(route=True),
                 ),
                 "natsHeartbeat": _message(
                     "heartbeat", "Heartbeat", HEARTBEAT_TYPE, event, schemas.nats_headers()

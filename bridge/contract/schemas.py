@@ -233,16 +233,20 @@ def kafka_headers() -> Schema:
     }
 
 
-def nats_headers() -> Schema:
+def nats_headers(route: bool = False) -> Schema:
+    """Headers of a NATS change; ``route``: of its copy on one of sink.routes."""
+    msg_id = (
+        "{id}@{route} (a replayed copy: {id}:replay:{run}@{route}): one id per route, so"
+        " JetStream's duplicate window keeps each route's copy and drops a redelivery"
+        if route
+        else "the event id (a replayed copy: {id}:replay:{run}); JetStream's"
+        " duplicate window drops a redelivery"
+    )
     return {
         "type": "object",
         "required": ["Nats-Msg-Id"],
         "properties": {
-            "Nats-Msg-Id": {
-                **_STRING,
-                "description": "the event id (a replayed copy: {id}:replay:{run}); JetStream's"
-                " duplicate window drops a redelivery",
-            },
+            "Nats-Msg-Id": {**_STRING, "description": msg_id},
             "traceparent": TRACEPARENT,
             "tracestate": TRACESTATE,
         },

@@ -19,6 +19,7 @@ from bridge.delivery.changes import (
     top_keys,
     transform_paths,
 )
+from bridge.delivery.routes import Router
 from bridge.delivery.views import compile_projection, select
 from bridge.ground.envelope import (
     EncodedData,
@@ -91,6 +92,7 @@ class EventBuilder:
         include_old: bool = False,
         patch: bool = False,
         fields: list[str] | tuple[str, ...] = (),
+        router: Router | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.cluster = cluster
@@ -121,6 +123,9 @@ class EventBuilder:
         self._fields = compile_projection(fields)
         # Last published object per key, for ``data.patch``; kept only when asked for.
         self._last: dict[str, RawObject] = {}
+        # sink.routes: decided here, once per event, on the object as it came (before
+        # projection and redaction, as a filter sees it).
+        self._router = router
 
     def reads(self) -> frozenset[str] | None:
         """The top-level keys whose values events need parsed (None: all): projected,
@@ -135,6 +140,11 @@ class EventBuilder:
                 if top is None:
                     return None
                 keys |= top
+        if self._router is not None:
+            routed = self._router.reads()
+            if routed is None:
+                return None
+            keys |= routed
         return keys
 
     def redact(self, obj: RawObject, *, project: bool = True) -> RawObject:
@@ -218,6 +228,8 @@ class EventBuilder:
             data,
             nats_subject,
         )
+        if self._router is not None:
+            event.routes = self._router.decide(obj, change.old, kind.value)
         if sealed:
             # Encoded here, the event just made: the parsed object is let go with it.
             event.encoded = held(orjson.dumps(event.to_dict()))

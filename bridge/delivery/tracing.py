@@ -72,6 +72,7 @@ def traced(events: Sequence[Event], traceparent: str, tracestate: str = "") -> l
             join((head, memoryview(e.to_json())[1:])),
             traceparent,
             tracestate,
+            e.routes,
         )
         for e in events
     ]

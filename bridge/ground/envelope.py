@@ -78,6 +78,7 @@ class Event:
     """One CloudEvent. ``data`` holds ``object`` (+ ``old``, ``patch``, ``tombstone``).
 
     ``msg_id`` is the bus-level dedupe id (NATS ``Nats-Msg-Id``); empty means ``id``.
+    On a route other than the default, the bus-level id is ``route_msg_id``.
     """
 
     id: str
@@ -96,6 +97,9 @@ class Event:
     # only while tracing is on, by the batch's span; empty otherwise.
     traceparent: str = ""
     tracestate: str = ""
+    # The routes (``sink.routes`` names) this event goes to, decided once when it was
+    # built (bridge/delivery/routes.py); empty: the sink's default destination only.
+    routes: tuple[str, ...] = ()
 
     @property
     def key(self) -> bytes:
@@ -116,6 +120,12 @@ class Event:
             if self.tracestate:
                 headers.append(("ce_tracestate", self.tracestate.encode()))
         return headers
+
+    def route_msg_id(self, route: str) -> str:
+        """The NATS ``Nats-Msg-Id`` of this event on ``route``: the default route's id
+        with ``@{route}`` after it, so the duplicate window, which a stream keeps per
+        id and not per subject, does not drop the copy a second route publishes."""
+        return f"{self.msg_id or self.id}@{route}"
 
     @property
     def deleted(self) -> bool:

@@ -57,6 +57,7 @@ from bridge.kube.selectors import (
     normalize_label_selector,
 )
 from bridge.kube.sharding import ShardRange, shard_range
+from bridge.sinks.nats import subject_matches
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"
@@ -176,6 +177,11 @@ class ResourceSettings(_Section):
         description="CEL expression over object, oldObject and type; only objects it holds "
         "for are published (one leaving it: a filtered event), e.g. "
         "object.status.phase == 'Failed'",
+    )
+    routes: list[str] | None = Field(
+        default=None,
+        description="Names of the sink.routes this resource's events are routed by, in "
+        "sink.routes' order; omitted: all of them; []: none (every event to the default)",
     )
     heartbeat_interval: float | None = Field(
         default=None,
@@ -441,6 +447,44 @@ class KafkaSettings(_Section):
         )
 
 
+class RouteSettings(_Section):
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Names the route in logs and in the NATS message id of its copies "
+        "({id}@{name}); letters, digits, - and _",
+    )
+    when: str = Field(
+        min_length=1,
+        description="CEL expression over object, oldObject and type (as a filter): the "
+        "event goes to this route when it holds, e.g. "
+        "object.metadata.namespace.startsWith('team-a')",
+    )
+    topic: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Kafka sink: the route's topic (placeholders as sink.kafka.topic)",
+    )
+    subject_prefix: str | None = Field(
+        default=None,
+        min_length=1,
+        description="NATS sink: what replaces the leading 'k8s' token of the event's "
+        "subject on this route ({prefix}.{cluster}.{group}.{version}.{plural}.{namespace}"
+        ".{name}); sink.nats.subjects must hold it",
+    )
+
+    @field_validator("subject_prefix")
+    @classmethod
+    def _subject_prefix(cls, value: str | None) -> str | None:
+        if value is not None and (
+            any(c in value for c in " \t*>") or ".." in value or value.strip(".") != value
+        ):
+            raise ValueError(
+                "is not a plain NATS subject prefix (no spaces, wildcards or empty tokens)"
+            )
+        return value
+
+
 class SinkSettings(_Section):
     kind: Literal["nats", "kafka", "stdout"]
     max_batch: int = Field(default=500, gt=0, description="At most this many events per publish")
@@ -459,6 +503,34 @@ class SinkSettings(_Section):
     )
     nats: NatsSettings = Field(default_factory=NatsSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    routes: list[RouteSettings] = Field(
+        default_factory=list,
+        description="Routes by content: each event goes to the route(s) whose 'when' holds "
+        "(see routing), and to the default destination (sink.kafka.topic, or the k8s. "
+        "subjects) when none does; [] = every event to the default",
+    )
+    routing: Literal["first", "all"] = Field(
+        default="first",
+        description="first: the event goes to the first route whose 'when' holds; all: to "
+        "every route whose 'when' holds",
+    )
+
+    @model_validator(mode="after")
+    def _routes_compile(self) -> SinkSettings:
+        seen: set[str] = set()
+        for i, route in enumerate(self.routes):
+            if route.name in seen:
+                raise PydanticCustomError(
+                    "keyed_error", f"sink.routes[{i}].name: {route.name!r} names two routes"
+                )
+            seen.add(route.name)
+            try:
+                compile_filter(route.when)
+            except ConfigError as e:
+                raise PydanticCustomError(
+                    "keyed_error", f"sink.routes[{i}].when (route {route.name!r}): {e}"
+                ) from None
+        return self
 
 
 # --- checkpoint, informer, server, logging ----------------------------------------
@@ -799,6 +871,47 @@ class Settings(BaseSettings):
             problem = f"{key}: deadLetter needs sink.nats.deadLetterSubject"
         if problem is not None:
             raise PydanticCustomError("keyed_error", problem)
+        return self
+
+    @model_validator(mode="after")
+    def _resource_routes_exist(self) -> Settings:
+        names = {r.name for r in self.sink.routes}
+        for i, res in enumerate(self.resources):
+            unknown = [n for n in res.routes or () if n not in names]
+            if unknown:
+                raise PydanticCustomError(
+                    "keyed_error",
+                    f"resources[{i}].routes: {unknown[0]!r} is not the name of one of"
+                    f" sink.routes ({', '.join(sorted(names)) or 'none configured'})",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _routes_fit_the_sink(self) -> Settings:
+        kind = self.sink.kind
+        for i, route in enumerate(self.sink.routes):
+            key = f"sink.routes[{i}]"
+            problem = None
+            if kind == "stdout":
+                problem = f"{key}: routes need a kafka or nats sink (sink.kind is stdout)"
+            elif kind == "kafka" and route.topic is None:
+                problem = f"{key} (route {route.name!r}): a kafka sink needs the route's topic"
+            elif kind == "nats" and route.subject_prefix is None:
+                problem = (
+                    f"{key} (route {route.name!r}): a nats sink needs the route's subjectPrefix"
+                )
+            elif kind == "nats" and route.subject_prefix is not None:
+                # What the route's subjects look like: the prefix and six tokens.
+                sample = route.subject_prefix + ".c.g.v.p.n.n"
+                subjects = self.sink.nats.subjects
+                if not any(subject_matches(p, sample) for p in subjects):
+                    problem = (
+                        f"{key}.subjectPrefix: {route.subject_prefix!r} is outside"
+                        f" sink.nats.subjects {subjects}: the stream would not store the"
+                        f" route's events; add '{route.subject_prefix}.>' to them"
+                    )
+            if problem is not None:
+                raise PydanticCustomError("keyed_error", problem)
         return self
 
     @property

@@ -12,6 +12,7 @@ from bridge.delivery.changes import Fingerprinter
 from bridge.delivery.events import EventBuilder
 from bridge.delivery.filters import Filter
 from bridge.delivery.publisher import SettledRows, TransactionalSend
+from bridge.delivery.routes import Router
 from bridge.delivery.views import fingerprinter_for
 from bridge.errors import ConfigError
 from bridge.ground.envelope import Event
@@ -48,6 +49,7 @@ def build_sink(settings: Settings) -> Sink:
             tls_cert=n.tls.cert if n.tls else None,
             tls_key=n.tls.key if n.tls else None,
             dead_letter_subject=n.dead_letter_subject,
+            routes={r.name: r.subject_prefix or "" for r in settings.sink.routes},
         )
     if kind == "kafka":
         from bridge.sinks.kafka import KafkaSink
@@ -72,6 +74,7 @@ def build_sink(settings: Settings) -> Sink:
             state_table=k.state_table,
             heartbeat_topic=k.heartbeat_topic,
             dead_letter_topic=k.dead_letter_topic,
+            routes={r.name: r.topic or "" for r in settings.sink.routes},
         )
         if k.exactly_once:
             from bridge.sinks.kafka_transactions import KafkaTransactions
@@ -222,7 +225,21 @@ def event_builder(settings: Settings, res: ResourceSettings, info: ResourceInfo)
         include_old=res.include_old,
         patch=res.patch,
         fields=res.fields,
+        router=router(settings, res, info.plural),
     )
+
+
+def router(
+    settings: Settings, res: ResourceSettings | None = None, label: str = ""
+) -> Router | None:
+    """The compiled ``sink.routes`` of one resource (those its ``routes`` names, all when
+    it names none); None without routes: its events go to the default."""
+    routes = settings.sink.routes
+    if res is not None and res.routes is not None:
+        routes = [r for r in routes if r.name in res.routes]
+    if not routes:
+        return None
+    return Router([(r.name, r.when) for r in routes], settings.sink.routing, label=label)
 
 
 def resource_fingerprinter(res: ResourceSettings) -> Fingerprinter:

@@ -7,6 +7,11 @@ state): key = ``apiVersion/kind/namespace/name`` (namespace empty for
 cluster-scoped objects), value = the object JSON, and a null value (tombstone)
 when the object is deleted.
 
+Routes (``sink.routes``): an event that names routes (``Event.routes``) goes to
+each route's topic instead of ``topic``, the same record (key, value, headers)
+on each; it counts as published only when every one landed, and a record one
+route refuses refuses the event.
+
 Heartbeats (bridge/delivery/heartbeat.py) go to their own topic (``heartbeatTopic``,
 by default the change topic + ``.heartbeats``, placeholders filled from the
 heartbeat's resource), as structured CloudEvents keyed by the resource scope:
@@ -43,6 +48,9 @@ if TYPE_CHECKING:
     from bridge.sinks.kafka_transactions import KafkaTransactions
 
 _TEMPLATE_FIELDS = ("group", "version", "kind", "resource", "cluster")
+
+# (index of its event, topic, key, value, headers): one record of a publish.
+_Owned = tuple[int, str, bytes, bytes | None, list[tuple[str, bytes]]]
 
 # Errors that mean "the cluster cannot take this now", as opposed to a rejection.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -165,6 +173,7 @@ class KafkaSink:
         heartbeat_topic: str | None = None,
         metadata_timeout: float = 10.0,
         dead_letter_topic: str | None = None,
+        routes: Mapping[str, str] | None = None,
     ) -> None:
         self.bootstrap_servers = (
             [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -176,6 +185,12 @@ class KafkaSink:
             "sink.kafka.heartbeatTopic", self.heartbeat_topic
         )
         self._topics: dict[tuple[str, str], str] = {}
+        # sink.routes: route name → its topic (placeholders as ``topic``). An event
+        # names its routes (``Event.routes``); none named: ``topic``.
+        self.routes = dict(routes or {})
+        for name, route_topic in self.routes.items():
+            _check_template(f"sink.routes ({name}).topic", route_topic)
+        self._route_topics: dict[tuple[str, str, str], str] = {}
         # poisonPolicy deadLetter: where refused events go whole (bridge/sinks/deadletter.py).
         self.dead_letter_topic = dead_letter_topic
         self.state_table = state_table
@@ -317,12 +332,44 @@ class KafkaSink:
             topic = self._topics[cache_key] = self.topic.format(**event_coordinates(event))
         return topic
 
+    def route_topic(self, event: Event, route: str) -> str:
+        """The topic of ``event`` on the route named ``route``."""
+        template = self.routes.get(route)
+        if template is None:
+            raise SinkError(f"event {event.id} names route {route!r}, not in sink.routes")
+        if "{" not in template:
+            return template
+        cache_key = (route, event.type.rsplit(".", 1)[0], event.source)
+        topic = self._route_topics.get(cache_key)
+        if topic is None:
+            topic = self._route_topics[cache_key] = template.format(**event_coordinates(event))
+        return topic
+
     def _record(self, e: Event) -> tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]:
-        """``(topic, key, value, headers)`` of one event's record."""
+        """``(topic, key, value, headers)`` of one event's record (default route)."""
         if self.state_table and e.type != HEARTBEAT_TYPE:
             value = None if e.removes else orjson.dumps(e.data.get("object"))
             return self.topic_for(e), state_key(e), value, e.headers
         return self.topic_for(e), e.key, e.to_json(), e.headers
+
+    def records(self, events: Sequence[Event]) -> list[_Owned]:
+        """``(event index, topic, key, value, headers)``: one record per event on the
+        default route, one per route an event names, the same key, value and
+        headers on each (the same ids), in event order."""
+        if not self.routes and not self.state_table:
+            # No routes configured: one record per event, made in one step (this is the
+            # path of every bridge without routes; ``python -m bench routes``).
+            topic_for = self.topic_for
+            return [(i, topic_for(e), e.key, e.to_json(), e.headers) for i, e in enumerate(events)]
+        out: list[_Owned] = []
+        for i, e in enumerate(events):
+            topic, key, value, headers = self._record(e)
+            if not e.routes:
+                out.append((i, topic, key, value, headers))
+                continue
+            for route in e.routes:
+                out.append((i, self.route_topic(e, route), key, value, headers))
+        return out
 
     async def publish(self, events: Sequence[Event]) -> Mapping[int, str]:
         producer = self._producer
@@ -343,10 +390,12 @@ class KafkaSink:
         limit = self._options["max_request_size"]
         estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
         failures: list[tuple[int, kerrors.KafkaError]] = []
+        # An event is acknowledged when the records of all its routes are; one refused
+        # record refuses the event (for the poison policy). Batches hold record indices.
+        records = self.records(events)
         try:
             async with asyncio.timeout(self.delivery_timeout):
-                for i, e in enumerate(events):
-                    topic, key, value, headers = self._record(e)
+                for j, (i, topic, key, value, headers) in enumerate(records):
                     size = estimate(key, value, headers)
                     if size > limit:
                         # Known before sending: refused, the rest go on.
@@ -371,7 +420,7 @@ class KafkaSink:
                             timestamp=None, key=key, value=value, headers=headers
                         )
                         if added is not None:
-                            indices.append(i)
+                            indices.append(j)
                             continue
                         # Full: it goes now, and a new one takes this record.
                         fut = await producer.send_batch(builder, topic, partition=partition)
@@ -379,7 +428,7 @@ class KafkaSink:
                     builder = producer.create_batch()
                     # A batch's first record always fits.
                     builder.append(timestamp=None, key=key, value=value, headers=headers)
-                    open_batches[(topic, partition)] = (builder, [i])
+                    open_batches[(topic, partition)] = (builder, [j])
                 for (topic, partition), (builder, indices) in open_batches.items():
                     fut = await producer.send_batch(builder, topic, partition=partition)
                     submitted.append(((topic, partition), indices, fut))
@@ -404,25 +453,26 @@ class KafkaSink:
                 elif not fut.done():
                     fut.cancel()
         if failures:
-            again = self._refusals(events, submitted, failures, refused)
+            again = self._refusals(events, records, submitted, failures, refused)
             if self._options["enable_idempotence"]:
                 # The producer numbered the refused batches, the broker did not take
                 # them: it would refuse every later batch of their partitions as out
                 # of order. A new producer id starts the numbering afresh.
                 producer = await self._renew(producer)
             if again:
-                await self._send_alone(producer, events, again, partitions, refused)
+                await self._send_alone(producer, events, records, again, partitions, refused)
         return refused
 
     def _refusals(
         self,
         events: Sequence[Event],
+        records: list[_Owned],
         submitted: list[tuple[tuple[str, int], list[int], asyncio.Future[Any]]],
         failures: list[tuple[int, kerrors.KafkaError]],
         refused: dict[int, str],
     ) -> list[int]:
-        """Sort the refused batches: records refused for themselves go to ``refused``;
-        those to send again alone are returned. The broker refuses a batch whole (its
+        """Sort the refused batches (of record indices): records refused for themselves
+        refuse their events (``refused``); those to send again alone are returned. The broker refuses a batch whole (its
         ``message.max.bytes`` counts the batch), so the records beside a refused one
         are sent again, unless a later batch of their partition landed first (they
         would arrive behind newer events of their objects)."""
@@ -442,7 +492,8 @@ class KafkaSink:
             if (len(indices) > 1 or isinstance(failure, OUT_OF_STEP)) and not overtaken:
                 again.extend(indices)
             else:
-                for i in indices:
+                for j in indices:
+                    i = records[j][0]
                     refused[i] = self._refusal(events[i], failure)
         return sorted(again)
 
@@ -450,16 +501,18 @@ class KafkaSink:
         self,
         producer: AIOKafkaProducer,
         events: Sequence[Event],
+        records: list[_Owned],
         indices: list[int],
         partitions: dict[str, tuple[list[int], list[int]]],
         refused: dict[int, str],
     ) -> None:
-        """Send each record in a batch of its own, in order; a refused one goes to
-        ``refused`` (and renews an idempotent producer, as ``publish`` does)."""
+        """Send each record (of ``records``, by index) in a batch of its own, in order;
+        a refused one refuses its event (and renews an idempotent producer, as
+        ``publish`` does)."""
         try:
             async with asyncio.timeout(self.delivery_timeout):
-                for i in indices:
-                    topic, key, value, headers = self._record(events[i])
+                for j in indices:
+                    i, topic, key, value, headers = records[j]
                     builder = producer.create_batch()
                     builder.append(timestamp=None, key=key, value=value, headers=headers)
                     partition = self._partitioner(key, *partitions[topic])

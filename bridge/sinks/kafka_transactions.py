@@ -147,21 +147,26 @@ class TransactionalChannel:
         that commits, and so are the records ``checkpoint(refused events)`` leaves out."""
         sink = self._sink
         refused: dict[int, str] = {}
-        records: list[_Record] = []
         limit = sink._options["max_request_size"]
         estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
-        for i, e in enumerate(events):
-            record = sink._record(e)
-            size = estimate(record[1], record[2], record[3])
+        n_events = len(events)
+        # One record per route of each event (sink.routes), all in this one transaction;
+        # ``owners[j]``: the index (in the caller's numbering) record j belongs to.
+        owners: list[int] = []
+        records: list[_Record] = []
+        for i, topic, key, value, headers in sink.records(events):
+            size = estimate(key, value, headers)
             if size > limit:
                 refused[i] = (
                     f"the record is {size} bytes, over the {limit} bytes a request"
                     " may carry (sink.kafka.maxRequestSize)"
                 )
+            owners.append(i)
+            records.append((topic, key, value, headers))
+        for k, record in enumerate(extra):
+            owners.append(n_events + k)
             records.append(record)
-        records.extend(extra)
         topic = self.checkpoint_topic
-        n_events = len(events)
         n_sent = len(records)
         # Records to send alone (a refusal is for a whole record batch, not one record).
         alone: set[int] = set()
@@ -170,22 +175,25 @@ class TransactionalChannel:
             rows: list[_Record] = [
                 (topic, key, value, []) for key, value in checkpoint(refused_events)
             ]
-            failed = await self._transaction([*records, *rows], skip=refused, alone=alone)
+            # A refused event is left out whole: none of its routes' records commit.
+            skip = {j: refused[owner] for j, owner in enumerate(owners) if owner in refused}
+            failed = await self._transaction([*records, *rows], skip=skip, alone=alone)
             if not failed:
                 return refused
             # Refused records: the transaction was aborted. A record refused alone is
-            # refused for good; one refused with others goes again alone.
+            # refused for good (and so is its event, on every route); one refused
+            # with others goes again alone.
             for indices, exc in failed:
-                if any(i >= n_sent for i in indices):
+                if any(j >= n_sent for j in indices):
                     raise CheckpointError(
                         f"Kafka refused a checkpoint record of topic {topic!r}: {exc!r}"
                     ) from exc
                 if len(indices) == 1:
-                    i = indices[0]
-                    refused[i] = (
-                        sink._refusal(events[i], exc)
-                        if i < n_events
-                        else f"topic {records[i][0]!r} refused the dead letter: {exc!r}"
+                    owner = owners[indices[0]]
+                    refused[owner] = (
+                        sink._refusal(events[owner], exc)
+                        if owner < n_events
+                        else f"topic {records[indices[0]][0]!r} refused the dead letter: {exc!r}"
                     )
                 else:
                     alone.update(indices)

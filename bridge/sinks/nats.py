@@ -6,6 +6,10 @@ arrival order. A batch that is not fully acknowledged (timeout, error,
 disconnect) is resent from its first unacknowledged message onwards, in the
 original order; messages that did land are dropped by the stream's duplicate
 window, as each carries ``Nats-Msg-Id`` = event id.
+
+Routes (``sink.routes``): an event that names routes goes to each route's
+subject (the route's prefix in place of the leading ``k8s``) with
+``Nats-Msg-Id`` ``{id}@{route}``, as the duplicate window is per stream.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class NatsSink:
         retry_backoff: float = 0.2,
         duplicate_window: float = 120.0,
         dead_letter_subject: str | None = None,
+        routes: Mapping[str, str] | None = None,
     ) -> None:
         self.servers = [servers] if isinstance(servers, str) else list(servers)
         self.stream = stream
@@ -101,6 +106,9 @@ class NatsSink:
         self.duplicate_window = duplicate_window
         # poisonPolicy deadLetter: where refused events go (bridge/sinks/deadletter.py).
         self.dead_letter_subject = dead_letter_subject
+        # sink.routes: route name → the prefix that replaces the leading ``k8s`` of an
+        # event's subject on that route. An event names its routes; none: the default.
+        self.routes = dict(routes or {})
         self._nc: Client | None = None
         self._publisher: JetStreamPublisher | None = None
         self._lock = asyncio.Lock()
@@ -159,6 +167,26 @@ class NatsSink:
         await self._ensure(nc, self.stream, self.subjects, timeout)
         if self.dead_letter_stream is not None and self.dead_letter_subject is not None:
             await self._ensure(nc, self.dead_letter_stream, [self.dead_letter_subject], timeout)
+        if self.routes:
+            await self._check_routes(nc)
+
+    async def _check_routes(self, nc: Client) -> None:
+        """An existing stream is used as is: one whose subjects leave a route's out would
+        answer its messages with "no responders" forever. Said at start, in one line."""
+        js = nc.jetstream(timeout=self.connect_timeout)
+        try:
+            info = await js.stream_info(self.stream)
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise SinkUnavailableError(f"NATS at {self.where}: {exc!r}") from exc
+        subjects = list(info.config.subjects or [])
+        for name, prefix in self.routes.items():
+            # A route's subjects: the prefix and the six tokens of an event's subject.
+            if not any(subject_matches(p, prefix + ".c.g.v.r.n.n") for p in subjects):
+                raise SinkError(
+                    f"NATS stream {self.stream!r} (subjects {subjects}) does not store route"
+                    f" {name!r} (sink.routes subjectPrefix {prefix!r}): add '{prefix}.>' to"
+                    " the stream's subjects"
+                )
 
     async def _ensure(
         self, nc: Client, stream: str, subjects: list[str], timeout: float | None = None
@@ -221,11 +249,25 @@ class NatsSink:
                 if e.tracestate:
                     headers["tracestate"] = e.tracestate
                     size += len("tracestate") + len(e.tracestate) + 4
+            if e.routes:  # a route's id is longer: "@{route}"
+                size += 1 + max(len(r) for r in e.routes)
             if size > limit:
                 refused[i] = f"{size} bytes; the NATS server takes at most {limit} (max_payload)"
                 continue
-            messages.append((e.nats_subject, payload, headers))
-            sent.append(i)
+            if not e.routes:
+                messages.append((e.nats_subject, payload, headers))
+                sent.append(i)
+                continue
+            # One message per route, each with its own Nats-Msg-Id ({id}@{route}): the
+            # duplicate window is per stream, and would drop the second copy. The event
+            # is acknowledged when every route's message is; one refused refuses it.
+            for route in e.routes:
+                prefix = self.routes.get(route)
+                if prefix is None:
+                    raise SinkError(f"event {e.id} names route {route!r}, not in sink.routes")
+                routed = {**headers, MSG_ID: e.route_msg_id(route)}
+                messages.append((prefix + e.nats_subject.removeprefix("k8s"), payload, routed))
+                sent.append(i)
         if messages:
             # One batch at a time keeps per-subject order across concurrent callers.
             async with self._lock:

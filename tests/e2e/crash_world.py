@@ -258,9 +258,12 @@ async def crash_rounds(
     *,
     initial: int = 1500,
     seed: int | None = None,
+    kill: Callable[[BridgeProcess, World], Awaitable[None]] | None = None,
 ) -> World:
     """``initial`` Pods, then ``rounds`` of start, churn, kill -9, change (and compact) while
-    down; then a last bridge runs until ``is_settled``. The World it leaves is the record."""
+    down; then a last bridge runs until ``is_settled``. The World it leaves is the record.
+    ``kill``: how each round's bridge dies after its churn (default: kill -9 at once),
+    e.g. stopped at instants until it is caught inside what the test aims at."""
     world = World(target, rng)
     for _ in range(initial):  # a first list long enough to be killed in the middle of
         world.create()
@@ -272,7 +275,10 @@ async def crash_rounds(
             await started(bridge, world)
         await world.churn(rng.uniform(*target.run_seconds))
         world.log.append(f"r{r} kill at rv={world.last_rv}")
-        kill9(bridge)
+        if kill is None:
+            kill9(bridge)
+        else:
+            await kill(bridge, world)
         assert bridge.proc is not None
         await bridge.proc.wait()
         for _ in range(rng.randrange(target.down_changes)):
