@@ -425,11 +425,15 @@ def populate(kube: KubeCluster, pods: int) -> None:
 def versions() -> str:
     from importlib.metadata import version
 
-    otel = subprocess.run(
-        [str(collector_binary()), "--version"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    from tests.fixtures.realdeps import cache_dir
+
+    binary = cache_dir() / "bin" / "otelcol-peers"
+    otel = "no collector"
+    if binary.exists():
+        run = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+        otel = run.stdout.strip() + " (k8sobjects receiver, batch processor, Kafka exporter)"
     return (
-        f"{otel} (k8sobjects receiver, batch processor, Kafka exporter; tools/peers/build),"
+        f"{otel},"
         f" Python {platform.python_version()}, aiokafka {version('aiokafka')},"
         f" orjson {version('orjson')}"
     )
@@ -437,7 +441,8 @@ def versions() -> str:
 
 def table(results: dict[str, list[Result]]) -> list[str]:
     def med(name: str, attr: str) -> float:
-        return statistics.median(getattr(r, attr) for r in results[name])
+        rs = results.get(name) or [Result()]
+        return float(statistics.median(getattr(r, attr) for r in rs))
 
     cols = [
         ("peak RSS, first list", "list_peak_rss", "{:,.0f} MiB", False),
@@ -451,7 +456,8 @@ def table(results: dict[str, list[Result]]) -> list[str]:
     rows = ["| | bridge | collector | collector / bridge |", "| --- | ---: | ---: | ---: |"]
     for title, attr, fmt, _ in cols:
         b, c = med("bridge", attr), med("collector", attr)
-        rows.append(f"| {title} | {fmt.format(b)} | {fmt.format(c)} | {c / b:.2f} |")
+        ratio = f"{c / b:.2f}" if b and c else "-"
+        rows.append(f"| {title} | {fmt.format(b)} | {fmt.format(c)} | {ratio} |")
     for title, attr in [
         ("steady churn achieved (changes/s)", "churn_rate"),
         ("changes lost after a 410 (of those made while stopped)", "expired_lost"),
@@ -462,7 +468,7 @@ def table(results: dict[str, list[Result]]) -> list[str]:
             "/".join(
                 f"{getattr(r, attr) + (r.backlog_missing if attr == 'churn_missing' else 0):,.0f}"
                 + (f" of {r.expired_made:,}" if attr == "expired_lost" else "")
-                for r in results[name]
+                for r in results.get(name, [])
             )
             for name in PROGRAMS
         ]
@@ -478,7 +484,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, list[Resul
     kube.workdir.mkdir()
     broker = KafkaBroker(workdir / "kafka", message_max_bytes=MAX_MESSAGE)
     broker.workdir.mkdir()
-    results: dict[str, list[Result]] = {p: [] for p in PROGRAMS}
+    programs = tuple(p for p in PROGRAMS if p in args.programs)
+    results: dict[str, list[Result]] = {p: [] for p in programs}
     try:
         await asyncio.to_thread(kube.start)
         await asyncio.to_thread(broker.start)
@@ -487,7 +494,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, list[Resul
         print(f"  {args.pods:,} Pods in {time.monotonic() - t0:.0f} s", file=sys.stderr)
         changes = Changes(kube, args.pods)
         for rnd in range(args.rounds):
-            order = PROGRAMS if rnd % 2 == 0 else PROGRAMS[::-1]
+            order = programs if rnd % 2 == 0 else programs[::-1]
             for name in order:
                 topic = f"peers-{name}-{rnd}"
                 res = await run_program(name, kube, changes, broker.bootstrap, args, workdir, topic)
@@ -507,18 +514,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="steady churn's length")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="2,000 Pods, 2,000 changes, 1 round")
+    parser.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' and programs' logs")
     args = parser.parse_args(argv)
     if args.quick:
         args.pods, args.backlog, args.seconds, args.rounds = 2000, 2000, 15.0, 1
-    collector_binary()
+    if "collector" in args.programs:
+        collector_binary()
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     try:
         results = asyncio.run(bench(args, workdir))
     except BaseException:
         print(f"  kept {workdir} for its logs", file=sys.stderr)
         raise
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.keep:
+        print(f"  logs in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     rows = table(results)
     print("\n".join(rows))
     flags = " ".join(
@@ -532,6 +545,6 @@ def main(argv: list[str]) -> int:
         " bridge then collector). The collector's column is the ceiling the bridge is"
         " compared with; the last column is collector / bridge.\n\n" + "\n".join(rows) + "\n"
     )
-    if not args.no_write:
+    if not args.no_write and set(args.programs) == set(PROGRAMS):
         update_benchmarks_md(BENCHMARKS_MD, SECTION, body)
     return 0
