@@ -203,11 +203,18 @@ class Program:
             }  # fmt: skip
             (d / "bridge.yaml").write_text(yaml.safe_dump(config))
             return [sys.executable, "-m", "bridge.cli", "run", "--config", str(d / "bridge.yaml")]
-        objects: dict[str, Any] = {"name": "pods", "mode": "watch", "include_initial_state": True}
+        objects: dict[str, Any] = {"name": "pods", "mode": "watch"}
         if selector:
             objects["label_selector"] = selector
         config = {
-            "receivers": {"k8sobjects": {"auth_type": "kubeConfig", "objects": [objects]}},
+            "receivers": {
+                "k8sobjects": {
+                    "auth_type": "kubeConfig",
+                    # Without it the first list only gives the watch its resourceVersion.
+                    "include_initial_state": True,
+                    "objects": [objects],
+                }
+            },
             # As the configuration: batches of up to 200 ms.
             "processors": {"batch": {"timeout": "200ms"}},
             "exporters": {
