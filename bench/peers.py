@@ -435,12 +435,19 @@ def versions() -> str:
     from tests.fixtures.realdeps import cache_dir
 
     binary = cache_dir() / "bin" / "otelcol-peers"
+
+    def stamp(path: str) -> str:
+        found = cache_dir() / path
+        return found.read_text().split()[0] if found.exists() else "?"
+
     otel = "no collector"
     if binary.exists():
         run = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
         otel = run.stdout.strip() + " (k8sobjects receiver, batch processor, Kafka exporter)"
     return (
-        f"{otel},"
+        f"kube-apiserver {stamp('bin/.kube-apiserver.version')} + etcd"
+        f" {stamp('bin/.etcd.version')}, Apache Kafka {stamp('kafka/.version')} (one broker),"
+        f" {otel},"
         f" Python {platform.python_version()}, aiokafka {version('aiokafka')},"
         f" orjson {version('orjson')}"
     )
@@ -514,6 +521,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, list[Resul
 
 
 def main(argv: list[str]) -> int:
+    from tests.fixtures.realdeps import cache_dir
+
     parser = argparse.ArgumentParser(prog="python -m bench peers", description=__doc__)
     parser.add_argument("--pods", type=int, default=20_000)
     parser.add_argument("--backlog", type=int, default=10_000, help="changes made while stopped")
@@ -527,8 +536,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.pods, args.backlog, args.seconds, args.rounds = 2000, 2000, 15.0, 1
-    if "collector" in args.programs:
-        collector_binary()
+    if "collector" in args.programs and not (cache_dir() / "bin" / "otelcol-peers").exists():
+        print(f"{cache_dir() / 'bin' / 'otelcol-peers'} is missing: run tools/peers/build first")
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     try:
         results = asyncio.run(bench(args, workdir))
@@ -546,11 +556,11 @@ def main(argv: list[str]) -> int:
     )
     body = (
         f"`python -m bench peers {flags}` on {cpu_model()} ({os.cpu_count()} cores, shared),"
-        f" {time.strftime('%Y-%m-%d')}: kube-apiserver + etcd and Apache Kafka (one broker) of"
-        f" tests/fixtures, {versions()}. Each program in its own process, one at a time,"
-        f" alternating; medians over {args.rounds} round(s) (the last rows list every round,"
-        " bridge then collector). The collector's column is the ceiling the bridge is"
-        " compared with; the last column is collector / bridge.\n\n" + "\n".join(rows) + "\n"
+        f" {time.strftime('%Y-%m-%d')}, the servers of tests/fixtures: {versions()}. Each"
+        f" program in its own process, one at a time, alternating; medians over {args.rounds}"
+        " round(s) (the last four rows give every round, separated by /). The collector's"
+        " column is the peer the bridge is compared with; the last column is collector /"
+        " bridge.\n\n" + "\n".join(rows) + "\n"
     )
     if not args.no_write and set(args.programs) == set(PROGRAMS):
         update_benchmarks_md(BENCHMARKS_MD, SECTION, body)
