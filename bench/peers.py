@@ -12,10 +12,10 @@ in alternating order round after round, each on a fresh topic:
   CPU per 1,000 events.
 - **backlog**: the program is stopped (SIGSTOP) while ``--backlog`` changes are
   made, then continued: events per second until the last change is published.
-- **410**: stopped again while changes are made to distinct Pods, then etcd is
-  compacted and kube-apiserver restarted (its watch cache starts afresh, so
-  the program's resourceVersion is expired): how many of those changes reach
-  the topic.
+- **410**: stopped again, its watch cut by a kube-apiserver restart, changes
+  made to distinct Pods, then etcd compacted and kube-apiserver restarted once
+  more (its watch cache starts afresh, so the program's resourceVersion is
+  expired): how many of those changes reach the topic.
 - **restart**: the program is stopped (SIGTERM) and started again on its own
   state; every event published then is a copy.
 - **idle**: a fresh process watching Pods with a label selector that matches
@@ -373,7 +373,10 @@ async def run_program(
         await quiet(seen, prog, settle=2.0, timeout=30)
 
         # Changes it had not seen when its resourceVersion expired (410 Gone).
+        # Its watch is cut first (a new kube-apiserver), so none of the changes
+        # waits in its socket: it can learn of them only from the relist.
         prog.signal(signal.SIGSTOP)
+        await asyncio.to_thread(kube.restart_apiserver)
         made = await asyncio.to_thread(changes.burst, min(args.backlog, args.pods))
         await asyncio.to_thread(kube.compact)
         await asyncio.to_thread(kube.restart_apiserver)
