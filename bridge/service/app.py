@@ -195,6 +195,8 @@ class BridgeApp:
         self._snapshots: dict[str, asyncio.Task[SnapshotResult]] = {}
         self.client: KubeClient | None = None
         self.health: HealthServer | None = None
+        # The current leadership term's (or the only run's) observer; None before it.
+        self._observer: PipelineObserver | None = None
         self.leading = not settings.leader_election.enabled
         # As its help says: 1 without leader election (this replica is the one that
         # publishes), so "no leader" and the leader-only alerts hold either way.
@@ -442,6 +444,10 @@ class BridgeApp:
             self._sink_started = True
         return started
 
+    def _sync_metrics(self) -> None:
+        if self._observer is not None:
+            self._observer.sync_metrics()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then flush, checkpoint and close everything."""
         s = self.settings
@@ -455,6 +461,7 @@ class BridgeApp:
             self.readiness,
             snapshot=self.snapshot,
             control_auth=control,
+            before_scrape=self._sync_metrics,
         )
         await self.health.start()
         log.info("health server listening", port=self.health.port, control_auth=control.mode)
@@ -507,14 +514,10 @@ class BridgeApp:
         waiters.append(asyncio.create_task(self._start_gradually(), name="starter"))
         if lost is not None:
             waiters.append(asyncio.create_task(lost.wait(), name="lost-lease"))
-        waiters.append(
-            asyncio.create_task(
-                PipelineObserver(
-                    self.pipelines, self.metrics, heartbeats=self.heartbeats, sink=self.sink
-                ).run(),
-                name="observer",
-            )
+        self._observer = PipelineObserver(
+            self.pipelines, self.metrics, heartbeats=self.heartbeats, sink=self.sink
         )
+        waiters.append(asyncio.create_task(self._observer.run(), name="observer"))
         waiters.append(asyncio.create_task(self._probe_sink(), name="sink-probe"))
         follower = KindFollower(
             self.settings,

@@ -45,6 +45,7 @@ class HealthServer:
         *,
         snapshot: Snapshotter | None = None,
         control_auth: ControlAuth | None = None,
+        before_scrape: Callable[[], None] | None = None,
     ) -> None:
         if snapshot is not None and control_auth is None:
             # Closed by default: an endpoint that makes the bridge work needs a check.
@@ -55,6 +56,9 @@ class HealthServer:
         self._requested_port = port
         self._registry = registry
         self._readiness = readiness
+        # The pipelines keep plain counters that are carried over once a second; a
+        # scrape carries them first, so /metrics never trails what the bus acknowledged.
+        self._before_scrape = before_scrape
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -124,6 +128,8 @@ class HealthServer:
         return web.Response(status=503, text="\n".join(lines) + "\n")
 
     async def _metrics(self, _request: web.Request) -> web.Response:
+        if self._before_scrape is not None:
+            self._before_scrape()
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -159,6 +159,12 @@ async def test_standby_takes_over_after_kill9_and_no_change_is_lost(
             return len(await jetstream_events(nats_control.url)) >= 20
 
         await until(some_published, 20, a.tail_log)
+
+        # The stream took them; the leader counts an event once its ack is back.
+        async def a_counts() -> bool:
+            return published(await a.metrics(), None) > 0
+
+        await until(a_counts, 10, a.tail_log)
         a_metrics, b_metrics = await a.metrics(), await b.metrics()
         # Exactly one leader; the standby has published nothing at all.
         assert gauge(a_metrics, "k8s_bridge_leader") == 1.0

@@ -215,6 +215,12 @@ async def test_kill9_failover_under_churn_on_real_leases(
             return len(await jetstream_events(nats_control.url)) >= 30
 
         await until(some_published, 30, a.tail_log)
+
+        # The stream took them; the leader counts an event once its ack is back.
+        async def a_counts() -> bool:
+            return published(await a.metrics(), None) > 0
+
+        await until(a_counts, 10, a.tail_log)
         # Exactly one replica publishes.
         a_metrics, b_metrics = await a.metrics(), await b.metrics()
         assert gauge(a_metrics, "k8s_bridge_leader") == 1.0

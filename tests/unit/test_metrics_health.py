@@ -126,6 +126,24 @@ async def test_metrics_endpoint_exposes_every_family() -> None:
     assert families["k8s_bridge_ready"].samples[0].value == 1.0
 
 
+async def test_a_scrape_carries_the_pipelines_counters_first() -> None:
+    """What the bus acknowledged a moment ago is in the very next scrape, not a second later."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    acked = {"n": 0, "carried": 0}
+
+    def carry() -> None:
+        delta = acked["n"] - acked["carried"]
+        metrics.events_published.labels(resource="v1/pods", type="added").inc(delta)
+        acked["carried"] = acked["n"]
+
+    server = HealthServer("127.0.0.1", 0, registry, lambda: (True, []), before_scrape=carry)
+    async with server, aiohttp.ClientSession() as session:
+        acked["n"] = 3
+        _, body, _ = await get(session, f"{server.url}/metrics")
+    assert 'k8s_bridge_events_published_total{resource="v1/pods",type="added"} 3.0' in body
+
+
 async def test_stop_releases_the_port() -> None:
     server = HealthServer("127.0.0.1", 0, CollectorRegistry(), lambda: (True, []))
     await server.start()
