@@ -34,7 +34,7 @@ _PRELUDE = textwrap.dedent(
     import ctypes, sys
 
     # Nothing imported on glibc's defaults: the first row's figure moves with the
-    # process's history, and importing structlog alone took it from 0 to 40 MiB.
+    # process's history, and importing a logging library alone took it from 0 to 40 MiB.
     if sys.argv[1] == "tuned":
         from bridge.service import tuning
         from bridge.service.settings import InformerSettings

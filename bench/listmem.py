@@ -110,9 +110,6 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
     if bridge_path:
         sys.path.insert(0, bridge_path)
     import gc
-    import logging
-
-    import structlog
 
     from bridge.delivery.changes import Fingerprinter
     from bridge.kube.client import KubeClient
@@ -121,6 +118,7 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
     from bridge.kube.informer import SharedInformer
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import Reflector, ReflectorSettings
+    from bridge.logging import configure_logging
 
     class _Unheard:
         """A handler that does nothing: what is measured is the cache alone."""
@@ -134,7 +132,7 @@ def _child(kubeconfig: str, mode: str, store: str, n: int, bridge_path: str | No
         async def on_delete(self, obj: Any) -> None:
             pass
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    configure_logging("json", "warning")
     gc.collect()
     _reset_peak()
     baseline = _status_kb("VmHWM")

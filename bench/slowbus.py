@@ -67,9 +67,6 @@ SYNC_ENV = "BENCH_SYNC_WRITE_AHEAD"
 
 def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None) -> None:
     import gc
-    import logging
-
-    import structlog
 
     from bridge.checkpoints.sqlite import SqliteCheckpointStore
     from bridge.delivery.changes import ChangeDetector, Fingerprinter
@@ -79,9 +76,10 @@ def _child(kubeconfig: str, mode: str, n: int, delay: float, pace: float | None)
     from bridge.kube.discovery import ResourceInfo
     from bridge.kube.listwatch import ListWatch
     from bridge.kube.reflector import ReflectorSettings
+    from bridge.logging import configure_logging
     from bridge.service.wiring import object_decoder
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    configure_logging("json", "warning")
     tuning = tune_as_run()
     gc.collect()
     _reset_peak()

@@ -51,8 +51,8 @@ from bridge.ground.nats import (
     close_quietly,
     connect,
     drop_queued,
-    tls_context,
 )
+from bridge.ground.natsconfig import tls_context
 
 _KV_OP = "KV-Operation"
 _KV_MARKER = "Nats-Marker-Reason"

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from bridge.checkpoints.base import CheckpointStore, ProbedStore
 from bridge.errors import BridgeError, ForbiddenError, NotFoundError
+from bridge.ground.natsconfig import subject_matches
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
 from bridge.kube.kinds import read_catalog
@@ -22,7 +23,6 @@ from bridge.service.settings import (
     resources_for_shard,
 )
 from bridge.service.wiring import build_checkpoints, build_sink, list_watch
-from bridge.sinks.nats import subject_matches
 
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 

@@ -59,7 +59,8 @@ async def _jetstream_durability(
 ) -> Durability | None:
     import nats.js.errors
 
-    from bridge.ground.nats import close_quietly, connect, tls_context
+    from bridge.ground.nats import close_quietly, connect
+    from bridge.ground.natsconfig import tls_context
 
     nc = await connect(
         n.servers,

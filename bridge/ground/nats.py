@@ -252,15 +252,6 @@ def drop_queued(nc: Client) -> None:
         nc._pending_data_size = 0
 
 
-def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    if not (ca or cert):
-        return None
-    ctx = ssl.create_default_context(cafile=ca)
-    if cert:
-        ctx.load_cert_chain(cert, key)
-    return ctx
-
-
 async def close_quietly(nc: Client) -> None:
     """Close a connection, also one whose server is gone.
 

@@ -148,7 +148,8 @@ class NatsSource:
         import nats
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
-        from bridge.ground.nats import connect, tls_context
+        from bridge.ground.nats import connect
+        from bridge.ground.natsconfig import tls_context
 
         n = self.settings.nats
         where = ",".join(n.servers)

@@ -40,24 +40,18 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
 
 from bridge.delivery.filters import compile_filter
 from bridge.delivery.views import check_paths
 from bridge.errors import ConfigError
 from bridge.ground.kafka import connection_options
-from bridge.ground.nats import tls_context
+from bridge.ground.natsconfig import subject_matches, tls_context
 from bridge.kube.selectors import (
     SelectorError,
     normalize_field_selector,
     normalize_label_selector,
 )
 from bridge.kube.sharding import ShardRange, shard_range
-from bridge.sinks.nats import subject_matches
 
 ENV_PREFIX = "BRIDGE_"
 ENV_DELIMITER = "__"
@@ -809,12 +803,15 @@ class ShardingSettings(_Section):
 # --- the whole ---------------------------------------------------------------
 
 
-class Settings(BaseSettings):
-    """The whole configuration. Build it with ``load_settings``."""
+class Settings(BaseModel):
+    """The whole configuration. Build it with ``load_settings``.
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_DELIMITER,
+    A plain model, not a pydantic-settings one: ``load_settings`` reads the
+    ``BRIDGE_*`` environment itself (the same way for every key, with the variable
+    named in errors), and the settings package would cost an idle bridge ~6 MiB of
+    modules (dotenv, zipfile, argparse…) for nothing more."""
+
+    model_config = ConfigDict(
         extra="forbid",
         alias_generator=to_camel,
         populate_by_name=True,
@@ -940,19 +937,11 @@ class Settings(BaseSettings):
             seen[res.selects()].append(index)
         return resources
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The stock env source would read aliased top-level fields without the
-        # prefix (``SINK``, ``CLUSTER``); ours reads only BRIDGE_* and the same
-        # way load_settings does.
-        return (init_settings, _BridgeEnvSource(settings_cls))
+    def __init__(self, **data: Any) -> None:
+        # Built in code (tests, tools), the settings still take BRIDGE_* from the
+        # environment, under what is passed; load_settings validates with
+        # model_validate, which has read the environment already.
+        super().__init__(**_merge(_normalize(Settings, _env_tree(os.environ)[0]), data))
 
 
 def _namespace_overlap(a: list[str], b: list[str]) -> str | None:
@@ -962,15 +951,6 @@ def _namespace_overlap(a: list[str], b: list[str]) -> str | None:
         return "in all namespaces" if not shared else f"in namespace {', '.join(shared)}"
     common = sorted(set(a) & set(b))
     return f"in namespace {', '.join(common)}" if common else None
-
-
-class _BridgeEnvSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        tree, _ = _env_tree(os.environ)
-        return tree
 
 
 # --- loading -----------------------------------------------------------------

@@ -35,8 +35,8 @@ from bridge.ground.nats import (
     close_quietly,
     connect,
     drop_queued,
-    tls_context,
 )
+from bridge.ground.natsconfig import subject_matches, tls_context
 from bridge.sinks import deadletter
 from bridge.sinks.deadletter import DeadLetter
 
@@ -50,17 +50,6 @@ log = logging.getLogger(__name__)
 _HEADER_OVERHEAD = 10 + len(MSG_ID) + 2 + 4
 # How long a publish that met "no responders" waits for the stream's info.
 _STREAM_CHECK_TIMEOUT = 1.0
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: ``*`` is one token, a final ``>`` one or more."""
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
 
 
 def _transient(error: str) -> bool:

@@ -20,11 +20,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from structlog.testing import capture_logs
 
 from bridge.checkpoints.memory import MemoryCheckpointStore
 from bridge.emulator import Emulator
 from bridge.errors import UnknownKindError
+from bridge.logging import capture_logs
 from bridge.service.app import BridgeApp
 from bridge.service.settings import Settings, load_settings
 from tests.doubles.memory_sink import MemorySink, MemoryTransactions

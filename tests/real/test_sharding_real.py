@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from bridge.emulator import Emulator
 from bridge.kube.client import KubeClient
@@ -31,6 +30,7 @@ from bridge.kube.objects import INITIAL_EVENTS_END_ANNOTATION, WatchEvent
 from bridge.kube.protocols import ListOptions, WatchOptions
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.sharding import ShardField, ShardRange, shard_ranges
+from bridge.logging import capture_logs
 from tests.e2e.crash_world import Objects
 from tests.fixtures.kube import KubeCluster
 
@@ -150,7 +150,7 @@ async def test_three_shards_partition_lists_watches_and_streaming_lists(
         )
 
     ranges = shard_ranges(3, by)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         whole, rv = await list_all(lw(None))
         assert {key(o) for o in whole} == set(made)
         shards = [lw(r) for r in ranges]

@@ -1,9 +1,8 @@
 """Logs follow their configuration in every module, in the order production sets them up.
 
 Modules make their loggers at import, and the CLI reads the settings (and so
-calls ``configure_logging``) only afterwards. A logger bound at import would
-keep structlog's defaults for good: console lines on stdout, every level, no
-credential redaction.
+calls ``configure_logging``) only afterwards. A logger that kept what was in
+force at import would write console lines, every level, forever.
 """
 
 from __future__ import annotations
@@ -18,9 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
-from bridge.logging import LibraryRateLimit, configure_logging, get_logger
+from bridge.logging import (
+    LibraryRateLimit,
+    capture_logs,
+    configure_logging,
+    get_logger,
+    reset_logging,
+)
 
 # Imports every bridge module first, configures (JSON, level warning) second, then
 # logs from each module's logger; prints nothing itself.
@@ -51,7 +55,7 @@ SCRIPT = textwrap.dedent(
             else:
                 logger.info("below the level", module=name)
                 logger.warning("probe", module=name, password="hunter2")
-                probed[name] = "structlog"
+                probed[name] = "bridge"
     with open(sys.argv[1], "w") as fh:
         json.dump(probed, fh)
     """
@@ -87,7 +91,7 @@ def test_every_module_logs_as_configured_after_being_imported_first(tmp_path: Pa
     lines = [json.loads(line) for line in proc.stderr.splitlines()]  # JSON, every one
     assert all(line["level"] == "warning" for line in lines), "the level was not applied"
     for name, kind in probed.items():
-        if kind == "structlog":
+        if kind == "bridge":
             mine = [line for line in lines if line.get("module") == name]
             assert [(m["event"], m["password"]) for m in mine] == [("probe", "[redacted]")]
         else:
@@ -103,7 +107,7 @@ def restore_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-    structlog.reset_defaults()
+    reset_logging()
 
 
 @pytest.mark.usefixtures("restore_logging")
@@ -119,7 +123,7 @@ def test_a_logger_follows_each_new_configuration_and_binds_lazily() -> None:
     assert [json.loads(line)["event"] for line in first.getvalue().splitlines()] == ["to the first"]
     line = json.loads(second.getvalue())
     assert (line["event"], line["logger"], line["part"]) == ("to the second", "bridge.test", "one")
-    with structlog.testing.capture_logs() as captured:
+    with capture_logs() as captured:
         bound.warning("captured")
     assert captured == [
         {"event": "captured", "logger": "bridge.test", "part": "one", "log_level": "warning"}

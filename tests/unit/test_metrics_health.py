@@ -10,11 +10,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.logging import configure_logging, get_logger
+from bridge.logging import configure_logging, get_logger, reset_logging
 from bridge.service.health import HealthServer
 from bridge.service.metrics import MemoryLimitCollector, Metrics, cgroup_memory_limit
 
@@ -165,7 +164,7 @@ def restore_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-    structlog.reset_defaults()
+    reset_logging()
 
 
 @pytest.mark.usefixtures("restore_logging")

@@ -8,7 +8,6 @@ import contextlib
 from dataclasses import replace
 
 import pytest
-import structlog
 
 from bridge.emulator import Emulator
 from bridge.kube.client import KubeClient
@@ -17,6 +16,7 @@ from bridge.kube.protocols import ListOptions
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.reflector import Reflector
 from bridge.kube.sharding import ShardRange, shard_ranges
+from bridge.logging import capture_logs
 from tests.doubles.scripted import RecordingStore
 from tests.fixtures.waiting import until
 from tests.integration.kube.conftest import CONFIGMAPS, FAST, PODS, pod_body, running
@@ -38,7 +38,7 @@ async def test_whole_lists_and_the_probe_of_a_shard(
         for i in range(12)
     ]
     ranges = shard_ranges(2, "uid")
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         probed = ListWatch(client, CONFIGMAPS, namespace="default", shard=ranges[0])
         assert probed.shard_honoured is None
         assert await probed.probe_shard() is honours

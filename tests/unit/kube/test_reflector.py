@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 import pytest
-import structlog
 
 from bridge.errors import (
     BadRequestError,
@@ -27,6 +26,7 @@ from bridge.errors import (
 )
 from bridge.kube.objects import RawObject
 from bridge.kube.reflector import Reflector, ReflectorSettings
+from bridge.logging import capture_logs
 from tests.doubles.scripted import (
     HANG,
     Pause,
@@ -572,7 +572,7 @@ async def test_a_failing_list_watch_warns_at_once_then_every_30s_with_the_count(
     lw.add_list(list_response([], 10))
     lw.add_watch(*[KubeConnectionError("connection refused")] * 7, [HANG])
     r = Reflector(lw, RecordingStore(), settings=OFF, rng=lambda: 0.0)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with running(r):
             await until(lambda: len(lw.watch_calls()) == 1)
             assert r.connected is False  # the first watch is still opening

@@ -6,12 +6,12 @@ import uuid
 
 import orjson
 import pytest
-import structlog
 
 from bridge.kube.liststream import ListSplitter
 from bridge.kube.rawjson import ObjectDecoder
 from bridge.kube.shardfilter import ShardFilter
 from bridge.kube.sharding import shard_range
+from bridge.logging import capture_logs
 
 UIDS = [str(uuid.UUID(int=i * 7919 + 13)) for i in range(60)]
 SHARD = shard_range(3, 1, "uid")
@@ -94,7 +94,7 @@ def test_watch_lines_outside_the_shard_are_dropped_and_say_the_server_ignored_it
     error = (
         b'{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"code":410}}'
     )
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         kept = [decode(x) for x in (line("ADDED", inside), bookmark, error)]
         assert [e["type"] for e in kept] == ["ADDED", "BOOKMARK", "ERROR"]
         assert f.dropped == 0 and f.honoured is honoured and logs == []
