@@ -15,7 +15,7 @@ import gzip
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,16 +128,21 @@ async def test_every_event_carries_the_trace_of_the_batch_span_the_bridge_export
     await bridge.start()
     try:
         await bridge.wait_ready(30)
-        for i in range(2):
-            emulator.create(pod(f"live-{i}"))
         got: list[tuple[dict[str, Any], dict[str, str]]] = []
 
-        async def arrived() -> bool:
-            nonlocal got
-            got = await stream(nats_control.url)
-            return len(got) >= 5
+        def arrived(n: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                nonlocal got
+                got = await stream(nats_control.url)
+                return len(got) >= n
 
-        await until(arrived, 30, lambda: f"{len(got)} events: {bridge.tail_log()}")
+            return check
+
+        # The listed pods on the bus first: the live ones cannot share their batch.
+        await until(arrived(3), 30, lambda: f"{len(got)} events: {bridge.tail_log()}")
+        for i in range(2):
+            emulator.create(pod(f"live-{i}"))
+        await until(arrived(5), 30, lambda: f"{len(got)} events: {bridge.tail_log()}")
     finally:
         assert await bridge.stop() == 0  # SIGTERM: the spans still queued are exported
     assert len(got) == 5
