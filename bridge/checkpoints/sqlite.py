@@ -1,7 +1,13 @@
 """The default checkpoint store: one SQLite file, WAL mode, one transaction per commit.
 
-sqlite3 blocks, so every call runs in a worker thread (``asyncio.to_thread``);
-a lock keeps the single connection to one statement stream at a time.
+sqlite3 blocks, so calls run in a worker thread (``asyncio.to_thread``); a
+lock keeps the single connection to one statement stream at a time. A small
+commit (a batch's write-ahead rows at a steady rate) runs on the event loop's
+thread instead, while commits stay fast: the hop to a thread and back costs more
+than such a commit (about 30 futex calls and a dozen wake-ups a change, a quarter
+of the bridge's CPU at 200 changes/s: BENCHMARKS.md, "Cost per change"). One
+that takes longer than ``inline_under`` (a slow disk's fsync) sends the next ones
+to the thread for a minute, so a slow disk never holds the loop for long.
 
 One process at a time: two bridges publishing from one checkpoint would each
 publish everything. ``open`` takes an exclusive ``flock`` on ``<path>.lock``
@@ -22,6 +28,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +39,9 @@ from bridge.checkpoints.base import BulkCheckpoint, Checkpoint
 from bridge.errors import CheckpointError
 from bridge.ground.digest import Digest
 from bridge.ground.records import pack_columns
+from bridge.logging import get_logger
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -63,6 +73,15 @@ _ADDED_COLUMNS = {
 # (json_each), not row by row with executemany: each row's step releases the
 # GIL and must win it back from the event loop's thread, which is busy exactly
 # when batches are large: beside a busy thread, row by row takes ~100x as long.
+# A commit of at most this much row text may run on the loop's thread: a steady
+# rate's batches; a burst's (hundreds of rows) keep the thread, where SQLite works
+# beside the loop (the sqlite3 module lets go of the GIL while a statement runs).
+INLINE_BYTES = 16 << 10
+# A commit on the loop's thread that took longer (a slow disk's fsync) sends the
+# next ones to the thread for THREADED_FOR seconds.
+INLINE_UNDER = 0.002
+THREADED_FOR = 60.0
+
 _UPSERT_ROWS = (
     "INSERT OR REPLACE INTO digests"
     " (resource_id, key, uid, resource_version, fingerprint, state, prior)"
@@ -109,9 +128,23 @@ class SqliteCheckpointStore:
     per_replica = True
 
     def __init__(
-        self, path: str | Path, *, read_only: bool = False, sync_write_ahead: bool = True
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        sync_write_ahead: bool = True,
+        inline_under: float = INLINE_UNDER,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = str(path)
+        # Commits of up to INLINE_BYTES of rows run on the loop's thread while each
+        # takes less than ``inline_under`` seconds (0: never); see the module doc.
+        self.inline_under = inline_under
+        self._clock = clock
+        self._threaded_until = 0.0
+        # How many commits ran on the loop's thread, and were sent to the thread.
+        self.inline_commits = 0
+        self.threaded_commits = 0
         self.read_only = read_only
         # Whether writes that leave the watermark as it is (the write-ahead rows) reach
         # the disk before they return: see ``commit``.
@@ -128,17 +161,23 @@ class SqliteCheckpointStore:
             raise CheckpointError(f"checkpoint store {self.path} is not open")
         async with self._lock:
             await self._settled()
-            call = asyncio.ensure_future(asyncio.to_thread(fn, conn))
-            self._call = call
-            try:
-                return await asyncio.shield(call)
-            except sqlite3.Error as exc:
-                raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
-            finally:
-                if call.done():
-                    # The result is the caller's: held here until the next call, a
-                    # restart's checkpoint (a million rows) would outlive its use.
-                    self._call = None
+            return await self._in_thread(fn, conn)
+
+    async def _in_thread(
+        self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection
+    ) -> T:
+        """``fn`` in a worker thread; the caller holds the lock."""
+        call = asyncio.ensure_future(asyncio.to_thread(fn, conn))
+        self._call = call
+        try:
+            return await asyncio.shield(call)
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
+        finally:
+            if call.done():
+                # The result is the caller's: held here until the next call, a
+                # restart's checkpoint (a million rows) would outlive its use.
+                self._call = None
 
     async def _settled(self) -> None:
         """Wait for the last call if its caller was cancelled while it ran.
@@ -357,7 +396,39 @@ class SqliteCheckpointStore:
                 raise
             conn.execute("COMMIT")
 
-        await self._run(_commit)
+        if self.inline_under > 0 and sum(map(len, up_json)) <= INLINE_BYTES:
+            await self._run_inline(_commit)
+        else:
+            self.threaded_commits += 1
+            await self._run(_commit)
+
+    async def _run_inline(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+        """``fn`` on the loop's thread while commits are fast, else as ``_run`` does."""
+        conn = self._conn
+        if conn is None:
+            raise CheckpointError(f"checkpoint store {self.path} is not open")
+        async with self._lock:
+            await self._settled()
+            if self._clock() < self._threaded_until:
+                self.threaded_commits += 1
+                await self._in_thread(fn, conn)
+                return
+            started = time.perf_counter()
+            try:
+                fn(conn)
+            except sqlite3.Error as exc:
+                raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
+            finally:
+                took = time.perf_counter() - started
+                self.inline_commits += 1
+                if took > self.inline_under:
+                    self._threaded_until = self._clock() + THREADED_FOR
+                    log.info(
+                        "checkpoint commits are slow: they run off the event loop for a while",
+                        path=self.path,
+                        took_ms=round(took * 1000, 1),
+                        threaded_for_s=THREADED_FOR,
+                    )
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -342,3 +342,50 @@ async def test_sqlite_lists_resources_with_only_rows_written_ahead(tmp_path: Pat
         ]
     finally:
         await store.close()
+
+
+async def test_sqlite_runs_small_commits_on_the_loop_and_moves_them_off_it_when_slow(
+    tmp_path: Path,
+) -> None:
+    """A steady rate's write-ahead commits run on the loop's thread (no hop to a worker
+    and back); a burst's large ones, and every commit for a while after one that was
+    slow (a slow disk's fsync), run in the worker thread, so the loop is never held
+    long. Where each ran is told by the thread its statements ran on."""
+    now = [0.0]
+    store = SqliteCheckpointStore(tmp_path / "cp.db", clock=lambda: now[0])
+    await store.open()
+    threads: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(
+        lambda sql: (
+            threads.append(threading.current_thread().name) if sql.startswith("INSERT") else None
+        )
+    )
+    loop_thread = threading.current_thread().name
+
+    async def ran_on(*commit: Any) -> str:
+        threads.clear()
+        await store.commit("v1/pods", *commit)
+        assert len(set(threads)) == 1, threads
+        return "loop" if threads[0] == loop_thread else "worker"
+
+    try:
+        assert await ran_on(None, [d("ns/a")], []) == "loop"
+        assert await ran_on("5", [d("ns/a", "5")], []) == "loop"
+        # A burst's batch: hundreds of rows, beside the loop.
+        assert await ran_on(None, [d(f"ns/{i:04d}") for i in range(1_000)], []) == "worker"
+        # A commit slower than inline_under: the next ones go to the worker…
+        store.inline_under = 1e-9
+        assert await ran_on(None, [d("ns/b")], []) == "loop"
+        store.inline_under = 0.002
+        assert await ran_on(None, [d("ns/c")], []) == "worker"
+        now[0] += 59
+        assert await ran_on(None, [d("ns/d")], []) == "worker"
+        # …for a minute; then the loop again.
+        now[0] += 2
+        assert await ran_on(None, [d("ns/e")], []) == "loop"
+        assert (store.inline_commits, store.threaded_commits) == (4, 3)
+        cp = await store.load("v1/pods")
+        assert cp is not None and {"ns/a", "ns/b", "ns/e"} <= set(cp.digests)
+    finally:
+        await store.close()
