@@ -155,12 +155,16 @@ class SqliteCheckpointStore:
         self._call: asyncio.Future[Any] | None = None
         self._lock_fd: int | None = None
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, may_inline: bool = False) -> T:
+        """``fn`` in the worker thread, or (``may_inline``, and while commits are fast)
+        on the loop's thread; one call at a time, in call order."""
         conn = self._conn
         if conn is None:
             raise CheckpointError(f"checkpoint store {self.path} is not open")
         async with self._lock:
             await self._settled()
+            if may_inline and self._clock() >= self._threaded_until:
+                return self._inline(fn, conn)
             return await self._in_thread(fn, conn)
 
     async def _in_thread(
@@ -396,39 +400,31 @@ class SqliteCheckpointStore:
                 raise
             conn.execute("COMMIT")
 
-        if self.inline_under > 0 and sum(map(len, up_json)) <= INLINE_BYTES:
-            await self._run_inline(_commit)
-        else:
+        inline = self.inline_commits
+        small = sum(map(len, up_json)) <= INLINE_BYTES
+        await self._run(_commit, may_inline=self.inline_under > 0 and small)
+        if self.inline_commits == inline:
             self.threaded_commits += 1
-            await self._run(_commit)
 
-    async def _run_inline(self, fn: Callable[[sqlite3.Connection], None]) -> None:
-        """``fn`` on the loop's thread while commits are fast, else as ``_run`` does."""
-        conn = self._conn
-        if conn is None:
-            raise CheckpointError(f"checkpoint store {self.path} is not open")
-        async with self._lock:
-            await self._settled()
-            if self._clock() < self._threaded_until:
-                self.threaded_commits += 1
-                await self._in_thread(fn, conn)
-                return
-            started = time.perf_counter()
-            try:
-                fn(conn)
-            except sqlite3.Error as exc:
-                raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
-            finally:
-                took = time.perf_counter() - started
-                self.inline_commits += 1
-                if took > self.inline_under:
-                    self._threaded_until = self._clock() + THREADED_FOR
-                    log.info(
-                        "checkpoint commits are slow: they run off the event loop for a while",
-                        path=self.path,
-                        took_ms=round(took * 1000, 1),
-                        threaded_for_s=THREADED_FOR,
-                    )
+    def _inline(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+        """``fn`` on the loop's thread; one slower than ``inline_under`` sends the next
+        ones to the worker thread for THREADED_FOR seconds."""
+        started = time.perf_counter()
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
+        finally:
+            took = time.perf_counter() - started
+            self.inline_commits += 1
+            if took > self.inline_under:
+                self._threaded_until = self._clock() + THREADED_FOR
+                log.info(
+                    "checkpoint commits are slow: they run off the event loop for a while",
+                    path=self.path,
+                    took_ms=round(took * 1000, 1),
+                    threaded_for_s=THREADED_FOR,
+                )
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
