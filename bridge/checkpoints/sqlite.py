@@ -4,10 +4,11 @@ sqlite3 blocks, so calls run in a worker thread (``asyncio.to_thread``); a
 lock keeps the single connection to one statement stream at a time. A small
 commit (a batch's write-ahead rows at a steady rate) runs on the event loop's
 thread instead, while commits stay fast: the hop to a thread and back costs more
-than such a commit (about 30 futex calls and a dozen wake-ups a change, a quarter
-of the bridge's CPU at 200 changes/s: BENCHMARKS.md, "Cost per change"). One
-that takes longer than ``inline_under`` (a slow disk's fsync) sends the next ones
-to the thread for a minute, so a slow disk never holds the loop for long.
+than such a commit (about 30 futex calls and a dozen wake-ups a change; 6 to 19 %
+of the bridge's CPU at 200 changes/s: BENCHMARKS.md, "Cost per change"). Once
+commits take longer than ``inline_under`` on average (a slow disk's fsync), the
+next ones go to the thread for a minute, so a slow disk never holds the loop
+for long.
 
 One process at a time: two bridges publishing from one checkpoint would each
 publish everything. ``open`` takes an exclusive ``flock`` on ``<path>.lock``
@@ -77,8 +78,8 @@ _ADDED_COLUMNS = {
 # rate's batches; a burst's (hundreds of rows) keep the thread, where SQLite works
 # beside the loop (the sqlite3 module lets go of the GIL while a statement runs).
 INLINE_BYTES = 16 << 10
-# A commit on the loop's thread that took longer (a slow disk's fsync) sends the
-# next ones to the thread for THREADED_FOR seconds.
+# Commits on the loop's thread that take longer on average (a slow disk's fsync)
+# send the next ones to the thread for THREADED_FOR seconds.
 INLINE_UNDER = 0.002
 THREADED_FOR = 60.0
 
@@ -135,13 +136,16 @@ class SqliteCheckpointStore:
         sync_write_ahead: bool = True,
         inline_under: float = INLINE_UNDER,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.path = str(path)
         # Commits of up to INLINE_BYTES of rows run on the loop's thread while each
         # takes less than ``inline_under`` seconds (0: never); see the module doc.
         self.inline_under = inline_under
         self._clock = clock
+        self._timer = timer
         self._threaded_until = 0.0
+        self._mean_took = 0.0
         # How many commits ran on the loop's thread, and were sent to the thread.
         self.inline_commits = 0
         self.threaded_commits = 0
@@ -407,17 +411,24 @@ class SqliteCheckpointStore:
             self.threaded_commits += 1
 
     def _inline(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
-        """``fn`` on the loop's thread; one slower than ``inline_under`` sends the next
-        ones to the worker thread for THREADED_FOR seconds."""
-        started = time.perf_counter()
+        """``fn`` on the loop's thread; once they take longer than ``inline_under`` on
+        average, the next ones go to the worker thread for THREADED_FOR seconds."""
+        started = self._timer()
         try:
             return fn(conn)
         except sqlite3.Error as exc:
             raise CheckpointError(f"checkpoint store {self.path}: {exc}") from exc
         finally:
-            took = time.perf_counter() - started
+            took = self._timer() - started
             self.inline_commits += 1
-            if took > self.inline_under:
+            # The mean of recent commits decides, each counted at most four times the
+            # bound: one slow commit alone is SQLite folding its WAL into the file
+            # (every thousand pages) or the process waiting for a core; a mean over
+            # the bound is the disk.
+            sample = min(took, 4 * self.inline_under)
+            self._mean_took += (sample - self._mean_took) / 8
+            if self._mean_took > self.inline_under:
+                self._mean_took = 0.0
                 self._threaded_until = self._clock() + THREADED_FOR
                 log.info(
                     "checkpoint commits are slow: they run off the event loop for a while",

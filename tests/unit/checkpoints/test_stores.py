@@ -348,12 +348,26 @@ async def test_sqlite_runs_small_commits_on_the_loop_and_moves_them_off_it_when_
     tmp_path: Path,
 ) -> None:
     """A steady rate's write-ahead commits run on the loop's thread (no hop to a worker
-    and back); a burst's large ones, and every commit for a while after one that was
-    slow (a slow disk's fsync), run in the worker thread, so the loop is never held
-    long. Where each ran is told by the thread its statements ran on."""
-    now = [0.0]
-    # "Fast" is anything under a minute here: a loaded machine's fsync must not decide.
-    store = SqliteCheckpointStore(tmp_path / "cp.db", inline_under=60.0, clock=lambda: now[0])
+    and back); a burst's large ones, and every commit for a minute once they take over
+    2 ms on average (a slow disk's fsync), run in the worker thread, so the loop is
+    never held long; one slow commit alone (SQLite folding its WAL into the file, a
+    core busy elsewhere) changes nothing. Where each ran is told by the thread its
+    statements ran on; how long each took, by the store's timer, set here."""
+    now, took = [0.0], [0.0001]
+
+    class Timer:
+        """Each commit on the loop reads it twice (start, end): ``took`` apart."""
+
+        def __init__(self) -> None:
+            self.t, self.started = 0.0, False
+
+        def __call__(self) -> float:
+            if self.started:
+                self.t += took[0]
+            self.started = not self.started
+            return self.t
+
+    store = SqliteCheckpointStore(tmp_path / "cp.db", clock=lambda: now[0], timer=Timer())
     await store.open()
     threads: list[str] = []
     assert store._conn is not None
@@ -375,18 +389,23 @@ async def test_sqlite_runs_small_commits_on_the_loop_and_moves_them_off_it_when_
         assert await ran_on("5", [d("ns/a", "5")], []) == "loop"
         # A burst's batch: hundreds of rows, beside the loop.
         assert await ran_on(None, [d(f"ns/{i:04d}") for i in range(1_000)], []) == "worker"
-        # A commit slower than inline_under: the next ones go to the worker…
-        store.inline_under = 1e-9
+        # One slow commit (20 ms), then fast ones: the loop still.
+        took[0] = 0.020
         assert await ran_on(None, [d("ns/b")], []) == "loop"
-        store.inline_under = 60.0
-        assert await ran_on(None, [d("ns/c")], []) == "worker"
+        took[0] = 0.0001
+        for i in range(20):
+            assert await ran_on(None, [d(f"ns/b{i}")], []) == "loop"
+        # Slow on average: the first few still on the loop, then the worker…
+        took[0] = 0.005
+        places = [await ran_on(None, [d(f"ns/c{i}")], []) for i in range(8)]
+        assert places[:2] == ["loop", "loop"] and places[-1] == "worker", places
         now[0] += 59
         assert await ran_on(None, [d("ns/d")], []) == "worker"
         # …for a minute; then the loop again.
         now[0] += 2
         assert await ran_on(None, [d("ns/e")], []) == "loop"
-        assert (store.inline_commits, store.threaded_commits) == (4, 3)
+        assert store.inline_commits + store.threaded_commits == 34
         cp = await store.load("v1/pods")
-        assert cp is not None and {"ns/a", "ns/b", "ns/e"} <= set(cp.digests)
+        assert cp is not None and {"ns/a", "ns/b", "ns/c7", "ns/e"} <= set(cp.digests)
     finally:
         await store.close()
