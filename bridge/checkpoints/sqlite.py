@@ -70,10 +70,6 @@ _ADDED_COLUMNS = {
 }
 
 
-# A commit's rows go to SQLite as one JSON text per statement, expanded in C
-# (json_each), not row by row with executemany: each row's step releases the
-# GIL and must win it back from the event loop's thread, which is busy exactly
-# when batches are large: beside a busy thread, row by row takes ~100x as long.
 # A commit of at most this much row text may run on the loop's thread: a steady
 # rate's batches; a burst's (hundreds of rows) keep the thread, where SQLite works
 # beside the loop (the sqlite3 module lets go of the GIL while a statement runs).
@@ -83,6 +79,10 @@ INLINE_BYTES = 16 << 10
 INLINE_UNDER = 0.002
 THREADED_FOR = 60.0
 
+# A commit's rows go to SQLite as one JSON text per statement, expanded in C
+# (json_each), not row by row with executemany: each row's step releases the
+# GIL and must win it back from the event loop's thread, which is busy exactly
+# when batches are large: beside a busy thread, row by row takes ~100x as long.
 _UPSERT_ROWS = (
     "INSERT OR REPLACE INTO digests"
     " (resource_id, key, uid, resource_version, fingerprint, state, prior)"
@@ -139,8 +139,9 @@ class SqliteCheckpointStore:
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.path = str(path)
-        # Commits of up to INLINE_BYTES of rows run on the loop's thread while each
-        # takes less than ``inline_under`` seconds (0: never); see the module doc.
+        # Commits of up to INLINE_BYTES of rows run on the loop's thread while they
+        # take less than ``inline_under`` seconds on average (0: never); see the
+        # module doc.
         self.inline_under = inline_under
         self._clock = clock
         self._timer = timer

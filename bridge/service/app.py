@@ -947,6 +947,7 @@ class BridgeApp:
                     await self._run_pipelines(stop, resolved, lost)
                 finally:
                     self.pipelines = []
+                    self._observer = None  # a scrape must not carry a past term's counters
                     # Let go of the store with the Lease: the next leader (on this host,
                     # SQLite's flock) must be able to open it.
                     await self._close_checkpoints()
