@@ -80,7 +80,9 @@ class SectionError(ValueError):
         return list(self._errors)
 
     def __str__(self) -> str:
-        return "; ".join(f"{dotted(e['loc'])}: {e['msg']}" for e in self._errors)
+        return "; ".join(
+            f"{dotted(e['loc'])}: {e['msg']}" if e["loc"] else str(e["msg"]) for e in self._errors
+        )
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,8 @@ def validates(*names: str, mode: Literal["before", "after"] = "after") -> Callab
     or raises ``ValueError`` (worded to follow the value), ``KeyedError`` or ``EntryError``."""
 
     def mark(method: _F) -> _F:
-        func = getattr(method, "__func__", method)
-        func.__section_validates__ = (names, mode)  # type: ignore[attr-defined]
+        func: Any = getattr(method, "__func__", method)
+        func.__section_validates__ = (names, mode)
         return method
 
     return mark
@@ -206,7 +208,7 @@ def fields_of(cls: type[Section]) -> dict[str, Field]:
     if found is None:
         _read_class(cls)
         found = cls.__dict__["__section_fields__"]
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _read_class(cls: type[Section]) -> None:
@@ -244,7 +246,7 @@ def validate(cls: type[_S], data: Any) -> _S:
     out = _convert_section(cls, data, (), errors)
     if errors:
         raise SectionError(errors)
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def fields_set(section: Section) -> frozenset[str]:
@@ -496,8 +498,10 @@ _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 def _to_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
+    if isinstance(value, int):
+        if value in (0, 1):
+            return bool(value)
+        raise _Bad("bool_parsing", "Input should be a valid boolean, unable to interpret input")
     if isinstance(value, str):
         text = value.strip().lower()
         if text in _TRUE or text in _FALSE:
