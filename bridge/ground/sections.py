@@ -15,6 +15,7 @@ bool, None, ``Literal``, ``list``, ``dict[str, str]``, ``SecretStr`` and section
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import types
@@ -601,6 +602,21 @@ def normalize(cls: type[Section], data: Any) -> Any:
             value = normalize(sub, value)
         out[found.alias] = value
     return out
+
+
+def did_you_mean(root: type[Section], loc: tuple[Any, ...]) -> str:
+    """`` (did you mean X?)`` for the unknown key at ``loc``, when one is close."""
+    section: type[Section] | None = root
+    for part in loc[:-1]:
+        if isinstance(part, int) or section is None:
+            continue
+        found = find_field(section, str(part))
+        section = section_in(found.annotation)[0] if found else None
+    if section is None or not isinstance(loc[-1], str):
+        return ""
+    names = [f.alias for f in fields_of(section).values()]
+    close = difflib.get_close_matches(loc[-1], names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def dotted(loc: tuple[Any, ...]) -> str:

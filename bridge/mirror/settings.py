@@ -11,7 +11,6 @@ The PostgreSQL password, like every libpq connection parameter left out of
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Literal
 
@@ -22,12 +21,10 @@ from bridge.ground.sections import (
     SecretStr,
     Section,
     SectionError,
+    did_you_mean,
     dotted,
     field,
-    fields_of,
-    find_field,
     json_schema,
-    section_in,
     validate,
     validates,
 )
@@ -171,7 +168,7 @@ def _describe(exc: SectionError) -> list[str]:
         key = dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            out.append(f"{key}: unknown key{_hint(loc)}")
+            out.append(f"{key}: unknown key{did_you_mean(MirrorSettings, loc)}")
         elif kind == "missing":
             out.append(f"{key}: required key is missing")
         elif kind == "literal_error":
@@ -180,15 +177,3 @@ def _describe(exc: SectionError) -> list[str]:
         else:
             out.append(f"{key}: {err.get('input')!r} {err['msg']}")
     return out
-
-
-def _hint(loc: tuple[Any, ...]) -> str:
-    model: type[Section] | None = MirrorSettings
-    for part in loc[:-1]:
-        found = find_field(model, str(part)) if model is not None else None
-        model = section_in(found.annotation)[0] if found is not None else None
-    if model is None:
-        return ""
-    names = [f.alias for f in fields_of(model).values()]
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""

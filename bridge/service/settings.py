@@ -16,7 +16,6 @@ spelling, the bad value and why, e.g.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -40,9 +39,9 @@ from bridge.ground.sections import (
     Section,
     SectionError,
     check,
+    did_you_mean,
     dotted,
     field,
-    fields_of,
     fields_set,
     find_field,
     is_list,
@@ -1113,7 +1112,7 @@ def _env_value(name: str, raw: str, annotation: Any) -> Any:
 
 
 def _literal_choices(loc: tuple[Any, ...]) -> list[str] | None:
-    """Allowed values of the Literal field at ``loc``, walking the models."""
+    """Allowed values of the Literal field at ``loc``, walking the sections."""
     model: type[Section] | None = Settings
     annotation: Any = None
     for part in loc:
@@ -1140,27 +1139,13 @@ def _literal_choices(loc: tuple[Any, ...]) -> list[str] | None:
     return choices or None
 
 
-def _unknown_key_hint(loc: tuple[Any, ...]) -> str:
-    model: type[Section] | None = Settings
-    for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
-            continue
-        found = find_field(model, str(part))
-        model = section_in(found.annotation)[0] if found else None
-    if model is None or not isinstance(loc[-1], str):
-        return ""
-    names = [f.alias for f in fields_of(model).values()]
-    close = difflib.get_close_matches(loc[-1], names, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 def _describe(err: Any) -> str:
     loc = tuple(err["loc"])
     kind = err["type"]
     value = err.get("input")
     key = dotted(loc)
     if kind == "extra_forbidden":
-        return f"{key}: unknown key{_unknown_key_hint(loc)}"
+        return f"{key}: unknown key{did_you_mean(Settings, loc)}"
     if kind == "missing":
         if loc == ("resources",):
             return "resources: required key is missing (at least one resource is required)"
