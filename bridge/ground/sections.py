@@ -633,8 +633,8 @@ def json_schema(cls: type[Section], title: str | None = None) -> dict[str, Any]:
     """JSON Schema of ``cls`` in YAML spelling, sections under ``$defs``."""
     defs: dict[str, Any] = {}
     schema = _object_schema(cls, defs)
-    if defs:
-        schema["$defs"] = dict(sorted(defs.items()))
+    if defs:  # first, where a reader of the printed schema looks them up
+        schema = {"$defs": dict(sorted(defs.items())), **schema}
     if title is not None:
         schema["title"] = title
     return schema
