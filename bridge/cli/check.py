@@ -123,7 +123,9 @@ async def run_checks(settings: Settings, out: TextIO, *, timeout: float = 10.0) 
     report.ok("config", f"{len(settings.resources)} resource(s), sink {settings.sink.kind}")
     try:
         client = await KubeClient.from_kubeconfig(
-            settings.cluster.kubeconfig, settings.cluster.context
+            settings.cluster.kubeconfig,
+            settings.cluster.context,
+            compression=settings.cluster.compression,
         )
     except BridgeError as e:
         report.fail("kubeconfig", str(e))

@@ -151,7 +151,10 @@ async def replay(
     from_rv = _positive_rv(from_rv)
     namespace = pick_namespace(res, namespace)
     run_id = secrets.token_hex(4)
-    client = await KubeClient.from_kubeconfig(settings.cluster.kubeconfig, settings.cluster.context)
+    cluster = settings.cluster
+    client = await KubeClient.from_kubeconfig(
+        cluster.kubeconfig, cluster.context, compression=cluster.compression
+    )
     injected = sink is not None
     sink = sink or build_sink(settings)
     out = _RunPublisher(sink, run_id, settings.sink.max_batch)

@@ -39,7 +39,9 @@ async def control_bearer(settings: Settings) -> tuple[str | None, str]:
 
     try:
         client = await KubeClient.from_kubeconfig(
-            settings.cluster.kubeconfig, settings.cluster.context
+            settings.cluster.kubeconfig,
+            settings.cluster.context,
+            compression=settings.cluster.compression,
         )
     except ConfigError as e:
         return None, str(e).removeprefix("config error: ")

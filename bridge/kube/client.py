@@ -92,8 +92,19 @@ def _read_kubeconfig_file(path: str, key: str) -> dict[str, Any]:
 class KubeClient:
     """Raw JSON access to one API server. Create with ``from_kubeconfig`` or ``in_cluster``."""
 
-    def __init__(self, endpoint: Endpoint, credentials: Credentials | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        credentials: Credentials | None = None,
+        *,
+        compression: bool = False,
+    ) -> None:
         self._credentials: Credentials = credentials or kubeconfig.NoCredentials()
+        # Without it, answers come as they are (Accept-Encoding: identity). kube-apiserver
+        # gzips watch streams too, one flush per event: inflating each costs the bridge
+        # (and deflating costs the API server) more CPU at steady churn than the bytes
+        # saved are worth inside a cluster (BENCHMARKS.md, "Cost per change").
+        self._encoding: dict[str, str] = {} if compression else {"Accept-Encoding": "identity"}
         self.host: str = endpoint.host.rstrip("/")
         connector: aiohttp.BaseConnector
         if self.host.startswith("https://"):
@@ -108,7 +119,7 @@ class KubeClient:
 
     @classmethod
     async def from_kubeconfig(
-        cls, path: str | None = None, context: str | None = None
+        cls, path: str | None = None, context: str | None = None, *, compression: bool = False
     ) -> KubeClient:
         """Client from a kubeconfig file.
 
@@ -116,7 +127,7 @@ class KubeClient:
         else ``$KUBECONFIG`` (its first entry) or ``~/.kube/config``.
         """
         if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return cls.in_cluster()
+            return cls.in_cluster(compression=compression)
         key = "cluster.kubeconfig"
         if path is None:
             env = os.environ.get("KUBECONFIG", "")
@@ -128,14 +139,14 @@ class KubeClient:
             found = await kubeconfig.from_library(path, context, key)
         endpoint, credentials = found
         try:
-            return cls(endpoint, credentials)
+            return cls(endpoint, credentials, compression=compression)
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"config error: {key}: {path}: TLS files: {e}") from e
 
     @classmethod
-    def in_cluster(cls) -> KubeClient:
+    def in_cluster(cls, *, compression: bool = False) -> KubeClient:
         """Client from the pod's service account (token re-read as it rotates)."""
-        return cls(*kubeconfig.in_cluster())
+        return cls(*kubeconfig.in_cluster(), compression=compression)
 
     async def close(self) -> None:
         await self._session.close()
@@ -149,7 +160,7 @@ class KubeClient:
     # -- auth -------------------------------------------------------------
 
     async def _headers(self, accept: str = "application/json") -> dict[str, str]:
-        headers = {"Accept": accept}
+        headers = {"Accept": accept, **self._encoding}
         authorization = await self._credentials.authorization()
         if authorization:
             headers["Authorization"] = authorization

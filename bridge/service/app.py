@@ -471,7 +471,9 @@ class BridgeApp:
                 f"{self.health.port} can make the bridge snapshot (POST /snapshot)"
             )
         try:
-            self.client = await KubeClient.from_kubeconfig(s.cluster.kubeconfig, s.cluster.context)
+            self.client = await KubeClient.from_kubeconfig(
+                s.cluster.kubeconfig, s.cluster.context, compression=s.cluster.compression
+            )
             resolved = await self.resolve_retrying(self.client, stop)
             if resolved is None:
                 return

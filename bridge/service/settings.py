@@ -78,6 +78,11 @@ class ClusterSettings(Section):
     name: str = field(
         default="default", min_length=1, description="Names the cluster in event sources"
     )
+    compression: bool = field(
+        default=False,
+        description="Ask the API server to gzip its answers (LISTs and watch streams): fewer"
+        " bytes on a slow link, more CPU on both ends; off: answers come uncompressed",
+    )
 
 
 # --- resources ---------------------------------------------------------------

@@ -120,6 +120,48 @@ async def test_bearer_token_and_a_two_mib_line_over_a_dribbling_stream(tmp_path:
     assert types == ["BOOKMARK", "ADDED", "DELETED"]
 
 
+@pytest.mark.parametrize("compression", [False, True])
+async def test_answers_come_gzipped_only_when_compression_is_asked(
+    tmp_path: Path, compression: bool
+) -> None:
+    """kube-apiserver gzips watch streams for a client that accepts it, one flush per
+    event: off by default (``cluster.compression``), every request asks for identity."""
+    seen: list[str] = []
+    sent: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        accepted = request.headers.get("Accept-Encoding", "")
+        seen.append(accepted)
+        resp = web.StreamResponse()
+        if "gzip" in accepted:
+            resp.enable_compression(web.ContentCoding.gzip)
+        await resp.prepare(request)
+        sent.append(resp.headers.get("Content-Encoding"))
+        for i in range(3):
+            await resp.write(b'{"type":"ADDED","object":{"n":%d}}\n' % i)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    path = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
+    try:
+        async with await KubeClient.from_kubeconfig(str(path), compression=compression) as c:
+            async with c.stream_decoded("GET", "/api/v1/pods", {"watch": 1}) as events:
+                got = [e["object"]["n"] async for e in events]
+    finally:
+        await runner.cleanup()
+    assert got == [0, 1, 2]
+    if compression:
+        assert "gzip" in seen[0] and sent == ["gzip"]
+    else:
+        assert seen == ["identity"] and sent == [None]
+
+
 async def test_discovery_resolves_builtin_and_custom_kinds(
     emulator: Emulator, client: KubeClient
 ) -> None:
