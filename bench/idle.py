@@ -36,7 +36,13 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench._support import BENCHMARKS_MD, cpu_model, free_port, update_benchmarks_md
+from bench._support import (
+    BENCHMARKS_MD,
+    compile_bridge,
+    cpu_model,
+    free_port,
+    update_benchmarks_md,
+)
 
 SECTION = "Idle footprint"
 HERE = str(Path(__file__).resolve().parent.parent)
@@ -126,16 +132,9 @@ def floor_rss(code: str, settle: float) -> dict[str, int]:
         proc.wait()
 
 
-def compile_tree(tree: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", str(Path(tree) / "bridge")],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 async def run(trees: dict[str, str], rounds: int, settle: float) -> dict[str, list[dict[str, int]]]:
     for tree in trees.values():
-        compile_tree(tree)
+        compile_bridge(tree)
     from bridge.emulator import Emulator
     from bridge.emulator.server import write_kubeconfig
 

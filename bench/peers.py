@@ -26,7 +26,9 @@ string that shows as is in the bridge's CloudEvents JSON and in the collector's
 OTLP protobuf, so one consumer (aiokafka, reading from the start) counts the
 events of both and times each change.
 
-The collector is built by ``tools/peers/build`` (not part of ``make test``).
+The bridge runs from byte-compiled modules, as the image installs it (pip
+compiles the wheel); the collector is a compiled Go binary, built by
+``tools/peers/build`` (not part of ``make test``).
 ``--no-write`` leaves BENCHMARKS.md ("Peers") alone.
 """
 
@@ -53,7 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from bench._support import BENCHMARKS_MD, cpu_model, free_port, update_benchmarks_md
+from bench._support import (
+    BENCHMARKS_MD,
+    compile_bridge,
+    cpu_model,
+    free_port,
+    update_benchmarks_md,
+)
 from bench.decode import make_pod
 
 if TYPE_CHECKING:
@@ -503,6 +511,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, list[Resul
     broker.workdir.mkdir()
     programs = tuple(p for p in PROGRAMS if p in args.programs)
     results: dict[str, list[Result]] = {p: [] for p in programs}
+    if "bridge" in programs:
+        compile_bridge(REPO)  # the collector is a compiled binary; the bridge's image is too
     try:
         await asyncio.to_thread(kube.start)
         await asyncio.to_thread(broker.start)
