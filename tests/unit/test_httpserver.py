@@ -211,19 +211,23 @@ async def test_an_idle_connection_is_closed_after_the_keepalive_timeout(
     assert 0.9 <= loop.time() - started < 2
 
 
-async def test_stop_closes_idle_connections_and_lets_an_answer_finish(
-    server: HttpServer,
-) -> None:
+async def test_stop_closes_idle_connections_and_lets_an_answer_finish() -> None:
+    # Idle connections that would stay open a minute: stop must not wait for them.
+    server = HttpServer("127.0.0.1", 0, {("GET", "/slow"): slow}, keepalive_timeout=60)
+    await server.start()
+    loop = asyncio.get_running_loop()
     idle_reader, _ = await connect(server)
     busy_reader, busy_writer = await connect(server)
     # A request under way when the server stops: answered, then closed.
     busy_writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
     await asyncio.sleep(0.1)
+    started = loop.time()
     stopping = asyncio.create_task(server.stop())
     assert await closed(idle_reader)
     status, headers, body = await response(busy_reader)
     assert (status, body, headers["connection"]) == (200, b"slow\n", "close")
     await asyncio.wait_for(stopping, 2)
+    assert loop.time() - started < 1
     with pytest.raises(OSError):
         await connect(server)
 

@@ -52,10 +52,12 @@ def test_a_counter_is_exposed_with_total() -> None:
 def test_label_values_and_help_are_escaped() -> None:
     r = Registry()
     value = 'a "quoted" \\ back\nslash'
-    g = Gauge("odd", 'Help with \\ and\nnewline and "quotes"', ["b", "a"], registry=r)
+    # A backslash before an n: read back as a newline unless the backslash is escaped.
+    text = 'Help with \\n, a real\nnewline and "quotes"'
+    g = Gauge("odd", text, ["b", "a"], registry=r)
     g.labels(b=value, a="plain").set(1)
     kind, help, samples = parsed(r)["odd"]
-    assert kind == "gauge" and help == 'Help with \\ and\nnewline and "quotes"'
+    assert kind == "gauge" and help == text
     assert samples == [("odd", {"a": "plain", "b": value}, 1.0)]
 
 
