@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "bridge"
 
 # What each room holds, in one line; the modules follow.
 ROOMS = {
-    "ground": "the ground floor: envelope, checkpoint row, bus connections",
+    "ground": "the ground floor: envelope, checkpoint row, bus connections, HTTP, metrics",
     "kube": "talking to Kubernetes (ListWatch → Reflector → RealFIFO → informer)",
     "sinks": "the Sink protocol and the buses",
     "checkpoints": "the CheckpointStore protocol and the stores",
