@@ -72,6 +72,10 @@ class HealthServer:
         self._started = False
 
     @property
+    def listening(self) -> bool:
+        return self._started
+
+    @property
     def port(self) -> int:
         """The bound port (the one picked by the OS when 0 was asked); valid after start()."""
         if not self._started:
