@@ -217,9 +217,12 @@ class _Metric(Generic[C]):
     def labels(self, *values: str, **named: str) -> C:
         """The series of these label values (by position or by name), made on first use."""
         if named:
-            if values or set(named) != set(self.labelnames):
-                raise ValueError(f"{self.name} takes the labels {self.labelnames}")
-            values = tuple(named[n] for n in self.labelnames)
+            try:
+                if values or len(named) != len(self.labelnames):
+                    raise KeyError
+                values = tuple([named[n] for n in self.labelnames])
+            except KeyError:
+                raise ValueError(f"{self.name} takes the labels {self.labelnames}") from None
         child = self._children.get(values)
         if child is not None:
             return child
