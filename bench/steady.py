@@ -83,9 +83,11 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 @dataclass
@@ -213,18 +215,21 @@ async def measure_process(
             )  # fmt: skip
         points = []
         for rate in rates:
-            cpu0 = cpu_seconds(proc.pid)
+            user0, sys0 = cpu_split(proc.pid)
             revs, achieved = await driver.run(rate, seconds)
             await until(
                 lambda revs=revs: all(r in arrivals.at for r in revs), 120, f"{label} at {rate}/s"
             )
-            cpu = cpu_seconds(proc.pid) - cpu0
+            user1, sys1 = cpu_split(proc.pid)
+            cpu = user1 - user0 + sys1 - sys0
+            system_share = (sys1 - sys0) / cpu if cpu else 0.0
             lat = sorted((arrivals.at[r] - driver.sent[r]) * 1000 for r in revs)
             p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
             point = Point(rate, len(revs), achieved, cpu / len(revs) * 1000,
                           statistics.median(lat), p99)  # fmt: skip
             print(f"  {label} {rate}/s (patched {achieved:,.0f}/s): {point.cpu_per_1000:.3f} CPU s"
-                  f" per 1,000, p50 {point.p50_ms:.1f} ms, p99 {point.p99_ms:.1f} ms",
+                  f" per 1,000 ({system_share:.0%} in the kernel), p50 {point.p50_ms:.1f} ms,"
+                  f" p99 {point.p99_ms:.1f} ms",
                   flush=True)  # fmt: skip
             points.append(point)
             await asyncio.sleep(1.0)

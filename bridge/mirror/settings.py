@@ -11,32 +11,33 @@ The PostgreSQL password, like every libpq connection parameter left out of
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
 
 from bridge.errors import ConfigError
+from bridge.ground.sections import (
+    SecretStr,
+    Section,
+    SectionError,
+    did_you_mean,
+    dotted,
+    field,
+    json_schema,
+    validate,
+    validates,
+)
 from bridge.service.settings import KafkaSettings, LoggingSettings, NatsSettings
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-class _Section(BaseModel):
-    # As the bridge's sections: camelCase in YAML (snake_case accepted), unknown keys refused.
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
-    )
-
-
-class MirrorSourceSettings(_Section):
+class MirrorSourceSettings(Section):
     kind: Literal["kafka", "nats"]
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    nats: NatsSettings = Field(default_factory=NatsSettings)
-    id: str | None = Field(
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    id: str | None = field(
         default=None,
         min_length=1,
         description="The name the position of this source is stored under; omitted:"
@@ -44,7 +45,7 @@ class MirrorSourceSettings(_Section):
         " have a topic or stream of the same name",
     )
 
-    @field_validator("kafka")
+    @validates("kafka")
     @classmethod
     def _one_topic(cls, value: KafkaSettings) -> KafkaSettings:
         if "{" in value.topic:
@@ -62,21 +63,21 @@ class MirrorSourceSettings(_Section):
         return f"nats:{self.nats.stream}"
 
 
-class PostgresSettings(_Section):
-    dsn: SecretStr | None = Field(
+class PostgresSettings(Section):
+    dsn: SecretStr | None = field(
         default=None,
         description="libpq connection URI (postgresql://user@host:5432/db); what it leaves"
         " out comes from PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE",
     )
-    db_schema: str = Field(
+    db_schema: str = field(
         default="k8s",
-        alias="schema",
+        key="schema",
         description="The schema the mirror's tables live in; created when missing. A schema"
         " that holds tables the mirror did not create is refused",
     )
-    connect_timeout: float = Field(default=10.0, gt=0)
+    connect_timeout: float = field(default=10.0, gt=0)
 
-    @field_validator("db_schema")
+    @validates("db_schema")
     @classmethod
     def _identifier(cls, value: str) -> str:
         if not _IDENTIFIER.match(value):
@@ -84,11 +85,11 @@ class PostgresSettings(_Section):
         return value
 
 
-class MirrorBatchSettings(_Section):
-    max_events: int = Field(
+class MirrorBatchSettings(Section):
+    max_events: int = field(
         default=5000, gt=0, description="At most this many events per transaction"
     )
-    max_wait: float = Field(
+    max_wait: float = field(
         default=0.05,
         ge=0,
         le=10,
@@ -96,9 +97,9 @@ class MirrorBatchSettings(_Section):
     )
 
 
-class MirrorServerSettings(_Section):
+class MirrorServerSettings(Section):
     host: str = "127.0.0.1"
-    port: int | None = Field(
+    port: int | None = field(
         default=None,
         ge=0,
         le=65535,
@@ -106,37 +107,33 @@ class MirrorServerSettings(_Section):
     )
 
 
-class MirrorSettings(BaseModel):
+class MirrorSettings(Section):
     """The whole mirror configuration. Build it with ``load_mirror_settings``."""
 
-    model_config = _Section.model_config
-
     source: MirrorSourceSettings
-    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
-    history: bool = Field(
+    postgres: PostgresSettings = field(default_factory=PostgresSettings)
+    history: bool = field(
         default=False, description="Keep every change in the table changes (event id first)"
     )
-    keep_deleted: bool = Field(
+    keep_deleted: bool = field(
         default=False,
         description="Keep deleted objects in deleted_objects for ever; otherwise for"
         " tombstoneRetention only",
     )
-    tombstone_retention: float = Field(
+    tombstone_retention: float = field(
         default=3600.0,
         gt=0,
         description="Seconds a deleted object stays in deleted_objects without keepDeleted:"
         " long enough that a late redelivery of one of its states cannot bring it back",
     )
-    batch: MirrorBatchSettings = Field(default_factory=MirrorBatchSettings)
-    server: MirrorServerSettings = Field(default_factory=MirrorServerSettings)
-    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    batch: MirrorBatchSettings = field(default_factory=MirrorBatchSettings)
+    server: MirrorServerSettings = field(default_factory=MirrorServerSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
 
 
 def mirror_json_schema() -> dict[str, Any]:
     """JSON Schema of mirror.yaml (YAML spelling), for the chart's values schema."""
-    schema = MirrorSettings.model_json_schema(by_alias=True)
-    schema.setdefault("title", "k8s-bridge mirror configuration")
-    return schema
+    return json_schema(MirrorSettings)
 
 
 def load_mirror_settings(path: str, overrides: dict[str, Any] | None = None) -> MirrorSettings:
@@ -152,52 +149,31 @@ def load_mirror_settings(path: str, overrides: dict[str, Any] | None = None) -> 
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config error: {path}: the top level must be a mapping")
-    for dotted, value in (overrides or {}).items():
+    for key, value in (overrides or {}).items():
         node = data
-        *parents, last = dotted.split(".")
+        *parents, last = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
     try:
-        return MirrorSettings.model_validate(data)
-    except ValidationError as exc:
+        return validate(MirrorSettings, data)
+    except SectionError as exc:
         raise ConfigError("config error: " + "; ".join(_describe(exc))) from None
 
 
-def _describe(exc: ValidationError) -> list[str]:
+def _describe(exc: SectionError) -> list[str]:
     out = []
-    for err in exc.errors(include_url=False):
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        key = ".".join(str(p) for p in loc) or "(top level)"
+    for err in exc.errors():
+        loc = err["loc"]
+        key = dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            out.append(f"{key}: unknown key{_hint(loc)}")
+            out.append(f"{key}: unknown key{did_you_mean(MirrorSettings, loc)}")
         elif kind == "missing":
             out.append(f"{key}: required key is missing")
         elif kind == "literal_error":
-            expected = err.get("ctx", {}).get("expected", "")
+            expected = str(err["msg"]).removeprefix("Input should be ")
             out.append(f"{key}: {err.get('input')!r} is not one of {expected}")
         else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            out.append(f"{key}: {err.get('input')!r} {message}")
+            out.append(f"{key}: {err.get('input')!r} {err['msg']}")
     return out
-
-
-def _hint(loc: list[Any]) -> str:
-    model: Any = MirrorSettings
-    for part in loc[:-1]:
-        found = _field(model, str(part)) if isinstance(model, type) else None
-        annotation = found.annotation if found is not None else None
-        model = annotation if isinstance(annotation, type) else None
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return ""
-    names = [info.alias or name for name, info in model.model_fields.items()]
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _field(model: type[BaseModel], key: str) -> Any:
-    for name, info in model.model_fields.items():
-        if key in (name, info.alias):
-            return info
-    return None

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bridge.errors import ConfigError
+from bridge.ground.sections import replace
 from bridge.kube.discovery import Discovery, ResourceInfo
 from bridge.kube.kinds import (
     JsonClient,
@@ -55,15 +56,14 @@ def selection_of(res: ResourceSettings, index: int) -> KindSelection:
 
 def as_entry(res: ResourceSettings, info: ResourceInfo) -> ResourceSettings:
     """``res`` as a hand-written entry of the selected kind ``info``."""
-    return res.model_copy(
-        update={
-            "api_version": info.api_version,
-            "kind": info.kind,
-            "api_group": None,
-            "kinds": [],
-            "all_kinds": False,
-            "exclude": [],
-        }
+    return replace(
+        res,
+        api_version=info.api_version,
+        kind=info.kind,
+        api_group=None,
+        kinds=[],
+        all_kinds=False,
+        exclude=[],
     )
 
 

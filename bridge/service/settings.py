@@ -16,7 +16,6 @@ spelling, the bad value and why, e.g.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -27,25 +26,32 @@ from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 
 from bridge.delivery.filters import compile_filter
 from bridge.delivery.views import check_paths
 from bridge.errors import ConfigError
 from bridge.ground.kafka import connection_options
 from bridge.ground.natsconfig import subject_matches, tls_context
+from bridge.ground.sections import (
+    EntryError,
+    KeyedError,
+    SecretStr,
+    Section,
+    SectionError,
+    check,
+    did_you_mean,
+    dotted,
+    field,
+    fields_set,
+    find_field,
+    is_list,
+    json_schema,
+    normalize,
+    section_in,
+    to_camel,
+    validate,
+    validates,
+)
 from bridge.kube.selectors import (
     SelectorError,
     normalize_field_selector,
@@ -58,30 +64,18 @@ ENV_DELIMITER = "__"
 # Read by the CLI as the config file path, so it is not a settings key.
 _ENV_NOT_KEYS = frozenset({"BRIDGE_CONFIG"})
 
-_SECTION_CONFIG = ConfigDict(
-    extra="forbid",
-    alias_generator=to_camel,
-    populate_by_name=True,
-    validate_default=True,
-)
-
-
-class _Section(BaseModel):
-    model_config = _SECTION_CONFIG
-
-
 # --- cluster -----------------------------------------------------------------
 
 
-class ClusterSettings(_Section):
-    kubeconfig: str | None = Field(
+class ClusterSettings(Section):
+    kubeconfig: str | None = field(
         default=None,
         description="Path to a kubeconfig; omitted: in-cluster config, else ~/.kube/config",
     )
-    context: str | None = Field(
+    context: str | None = field(
         default=None, description="kubeconfig context; omitted: current-context"
     )
-    name: str = Field(
+    name: str = field(
         default="default", min_length=1, description="Names the cluster in event sources"
     )
 
@@ -89,102 +83,102 @@ class ClusterSettings(_Section):
 # --- resources ---------------------------------------------------------------
 
 
-class ResourceSettings(_Section):
-    api_version: str = Field(
+class ResourceSettings(Section):
+    api_version: str = field(
         default="",
         description="e.g. v1, apps/v1, example.com/v1; with kinds: pins the version of the group",
     )
-    kind: str = Field(
+    kind: str = field(
         default="", description="e.g. Pod, Deployment, Widget; or kinds/group/allKinds instead"
     )
-    api_group: str | None = Field(
+    api_group: str | None = field(
         default=None,
-        alias="group",
+        key="group",
         description="Select kinds of one API group ('' = core) at the server's preferred version"
         " (apiVersion pins one); kinds: which (default ['*']); each becomes its own resource"
         " (docs/configuration-kinds.md)",
     )
-    kinds: list[str] = Field(
+    kinds: list[str] = field(
         default_factory=list,
         description="With group or apiVersion: kind names or patterns ('*', 'Cron*')",
     )
-    all_kinds: bool = Field(
+    all_kinds: bool = field(
         default=False,
         description="Every kind the API server serves with list and watch (Events, Leases and"
         " EndpointSlices left out unless an entry names them)",
     )
-    exclude: list[str] = Field(
+    exclude: list[str] = field(
         default_factory=list,
         description="With kinds/group/allKinds: kinds left out, 'Kind' or 'Kind.group'",
     )
-    metadata_only: bool = Field(
+    metadata_only: bool = field(
         default=False,
         description="List and watch only metadata (PartialObjectMetadata): events carry"
         " apiVersion, kind and metadata; changes outside metadata publish nothing",
     )
-    plural: str | None = Field(
+    plural: str | None = field(
         default=None,
         description="Resource (plural) name; optional, discovery decides at run time. "
         "The Helm chart uses it to derive RBAC when lowercase+s is wrong.",
     )
-    namespaces: list[str] = Field(default_factory=list, description="[] = all namespaces")
-    label_selector: str = Field(default="", description="e.g. app=web,tier in (a,b)")
-    field_selector: str = Field(default="", description="e.g. status.phase=Running")
-    ignore_fields: list[str] = Field(
+    namespaces: list[str] = field(default_factory=list, description="[] = all namespaces")
+    label_selector: str = field(default="", description="e.g. app=web,tier in (a,b)")
+    field_selector: str = field(default="", description="e.g. status.phase=Running")
+    ignore_fields: list[str] = field(
         default_factory=list, description="Dotted paths whose changes alone publish nothing"
     )
-    trigger_paths: list[str] = Field(
+    trigger_paths: list[str] = field(
         default_factory=list,
         description="Dotted paths: a modification is published only when a value at one of "
         "them changed (adds and deletes always are); [] = any change",
     )
-    generation_only: bool = Field(
+    generation_only: bool = field(
         default=False,
         description="Shorthand for triggerPaths: [metadata.generation] (spec changes); objects "
         "without metadata.generation (ConfigMap, Secret, ...) are compared whole",
     )
-    fields: list[str] = Field(
+    fields: list[str] = field(
         default_factory=list,
         description="Dotted paths: events carry only these of the object, always with "
         "apiVersion, kind and metadata name, namespace, uid, resourceVersion; changes "
         "elsewhere publish nothing unless triggerPaths say otherwise; [] = the whole object",
     )
-    redact_secrets: bool = Field(
+    redact_secrets: bool = field(
         default=True,
         description="Redact Secret data/stringData values, also in the last-applied-configuration "
         "annotation",
     )
-    mask_paths: list[str] = Field(
+    mask_paths: list[str] = field(
         default_factory=list, description="Dotted paths replaced by a mask in published objects"
     )
-    include_old: bool = Field(default=False, description="Include the previous object in events")
-    patch: bool = Field(
+    include_old: bool = field(default=False, description="Include the previous object in events")
+    patch: bool = field(
         default=False, description="Include an RFC 6902 patch from the previous object"
     )
-    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] | None = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] | None = field(
         default=None,
         description="What to do with an event the bus refuses for good (too large, not "
         "permitted); omitted: sink.poisonPolicy",
     )
-    filter: str | None = Field(
+    filter: str | None = field(
         default=None,
         description="CEL expression over object, oldObject and type; only objects it holds "
         "for are published (one leaving it: a filtered event), e.g. "
         "object.status.phase == 'Failed'",
     )
-    routes: list[str] | None = Field(
+    routes: list[str] | None = field(
         default=None,
         description="Names of the sink.routes this resource's events are routed by, in "
         "sink.routes' order; omitted: all of them; []: none (every event to the default)",
     )
-    heartbeat_interval: float | None = Field(
+    heartbeat_interval: float | None = field(
         default=None,
         gt=0,
         description="Seconds between io.k8s.bridge.heartbeat events of this resource (committed "
         "watermark, object count, seconds since the last change, synced/watch up); omitted: none",
     )
 
-    @model_validator(mode="after")
+    @check
     def _one_way_to_name_kinds(self) -> ResourceSettings:
         # An entry names one kind (apiVersion + kind) or selects many (group/kinds/allKinds).
         problem = None
@@ -211,7 +205,7 @@ class ResourceSettings(_Section):
             elif self.exclude:
                 problem = "exclude: only with group, kinds or allKinds"
         if problem is not None:
-            raise PydanticCustomError("resource_error", problem)
+            raise EntryError(problem)
         return self
 
     @property
@@ -219,7 +213,7 @@ class ResourceSettings(_Section):
         """A group/kinds/allKinds entry: its kinds are known only once discovery is read."""
         return not self.kind
 
-    @field_validator("filter")
+    @validates("filter")
     @classmethod
     def _filter(cls, value: str | None) -> str | None:
         if value is not None:
@@ -229,23 +223,23 @@ class ResourceSettings(_Section):
                 raise ValueError(str(e)) from None
         return value
 
-    @field_validator("trigger_paths", "fields", "ignore_fields", "mask_paths")
+    @validates("trigger_paths", "fields", "ignore_fields", "mask_paths")
     @classmethod
     def _paths(cls, value: list[str]) -> list[str]:
         # Parsed here so a bad path is a config error at start, naming the key.
         return check_paths(value)
 
-    @field_validator("generation_only")
+    @validates("generation_only")
     @classmethod
-    def _generation_only(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("trigger_paths"):
+    def _generation_only(cls, value: bool, data: Mapping[str, Any]) -> bool:
+        if value and data.get("trigger_paths"):
             raise ValueError(
                 "cannot be combined with triggerPaths (it means triggerPaths: "
                 "[metadata.generation]); set one of them"
             )
         return value
 
-    @field_validator("label_selector")
+    @validates("label_selector")
     @classmethod
     def _label_selector(cls, value: str) -> str:
         try:
@@ -254,7 +248,7 @@ class ResourceSettings(_Section):
             raise ValueError(f"is not a valid label selector: {e}") from None
         return value
 
-    @field_validator("field_selector")
+    @validates("field_selector")
     @classmethod
     def _field_selector(cls, value: str) -> str:
         try:
@@ -288,22 +282,22 @@ class ResourceSettings(_Section):
 # --- sink --------------------------------------------------------------------
 
 
-class NatsTlsSettings(_Section):
+class NatsTlsSettings(Section):
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
 
 
-class NatsSettings(_Section):
-    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+class NatsSettings(Section):
+    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
     stream: str = "K8S"
-    subjects: list[str] = Field(default_factory=lambda: ["k8s.>"], min_length=1)
+    subjects: list[str] = field(default_factory=lambda: ["k8s.>"], min_length=1)
     create_stream: bool = True
-    max_in_flight: int = Field(default=2048, gt=0)
-    credentials: str | None = Field(default=None, description="Path to a .creds file")
-    nkey_seed: str | None = Field(default=None, description="Path to an NKey seed file")
+    max_in_flight: int = field(default=2048, gt=0)
+    credentials: str | None = field(default=None, description="Path to a .creds file")
+    nkey_seed: str | None = field(default=None, description="Path to an NKey seed file")
     tls: NatsTlsSettings | None = None
-    dead_letter_subject: str | None = Field(
+    dead_letter_subject: str | None = field(
         default=None,
         min_length=1,
         description="Subject of dead letters (poisonPolicy deadLetter): events the stream "
@@ -311,12 +305,11 @@ class NatsSettings(_Section):
         "creates stream '{stream}_DEAD_LETTERS' for it when createStream is on",
     )
 
-    @field_validator("dead_letter_subject")
+    @validates("dead_letter_subject")
     @classmethod
     def _dead_letter_subject(cls, value: str | None) -> str | None:
         if value is not None and (any(c in value for c in " \t*>") or ".." in value):
-            raise PydanticCustomError(
-                "keyed_error",
+            raise KeyedError(
                 f"sink.nats.deadLetterSubject: {value!r} is not a plain NATS subject"
                 " (no spaces, wildcards or empty tokens)",
             )
@@ -328,32 +321,32 @@ class NatsSettings(_Section):
         return tls_context(self.tls.ca, self.tls.cert, self.tls.key) if self.tls else None
 
 
-class KafkaSslSettings(_Section):
+class KafkaSslSettings(Section):
     cafile: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
 
 
-class KafkaSettings(_Section):
-    bootstrap_servers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
-    topic: str = Field(default="k8s-events", min_length=1)
+class KafkaSettings(Section):
+    bootstrap_servers: list[str] = field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
+    topic: str = field(default="k8s-events", min_length=1)
     acks: Literal["all", 0, 1] = "all"
     enable_idempotence: bool = True
     compression: Literal["gzip", "snappy", "lz4", "zstd"] | None = None
-    linger_ms: int = Field(
+    linger_ms: int = field(
         default=0,
         ge=0,
         description="The producer's own linger; the pipeline already batches what was decided "
         "meanwhile, so more only delays every batch",
     )
-    max_batch_size: int = Field(
+    max_batch_size: int = field(
         default=65_536,
         gt=0,
         description="Bytes of records per partition batch, one produce request each (one "
         "request in flight per broker). The pipeline hands over hundreds of events at once: "
         "at 16 KiB a batch held five ~3 KB events. Keep it below the broker's message.max.bytes",
     )
-    max_request_size: int = Field(
+    max_request_size: int = field(
         default=1_048_576,
         gt=0,
         description="Largest request (record) the producer sends; larger events meet the "
@@ -364,37 +357,37 @@ class KafkaSettings(_Section):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl: KafkaSslSettings | None = None
-    state_table: bool = Field(
+    state_table: bool = field(
         default=False, description="Also publish the latest object per key to a compacted topic"
     )
-    heartbeat_topic: str | None = Field(
+    heartbeat_topic: str | None = field(
         default=None,
         min_length=1,
         description="Topic of heartbeat events (same placeholders as topic); omitted: "
         "'{topic}.heartbeats'",
     )
-    dead_letter_topic: str | None = Field(
+    dead_letter_topic: str | None = field(
         default=None,
         min_length=1,
         description="Topic of dead letters (poisonPolicy deadLetter): events Kafka refused, "
         "whole or cut to maxRequestSize, keyed like the event, with headers saying why; "
         "with exactlyOnce in the same transaction as the truncated event",
     )
-    exactly_once: bool = Field(
+    exactly_once: bool = field(
         default=False,
         description="Publish each batch in a Kafka transaction together with the checkpoint"
         " records that cover it (needs checkpoint.kind kafka); consumers reading with"
         " isolation.level=read_committed then see every change once, across crashes and"
         " failovers",
     )
-    transactional_id_prefix: str | None = Field(
+    transactional_id_prefix: str | None = field(
         default=None,
         min_length=1,
         description="Prefix of the transactional.id of each resource's producer (the same in"
         " every replica, so a new leader fences the old one); omitted: 'k8s-bridge.' + the"
         " cluster name",
     )
-    transaction_timeout_ms: int = Field(
+    transaction_timeout_ms: int = field(
         default=60_000,
         gt=0,
         description="How long the broker lets a transaction stay open before aborting it: a"
@@ -402,18 +395,17 @@ class KafkaSettings(_Section):
         " it (or its standby) starts again",
     )
 
-    @model_validator(mode="after")
+    @check
     def _idempotence_needs_acks_all(self) -> KafkaSettings:
         # aiokafka refuses the combination with a ValueError at the first producer.
         if self.enable_idempotence and self.acks != "all":
-            raise PydanticCustomError(
-                "keyed_error",
+            raise KeyedError(
                 f"sink.kafka.acks: {self.acks} needs sink.kafka.enableIdempotence false"
                 " (the idempotent producer, the default, requires acks all)",
             )
         return self
 
-    @field_validator("acks", mode="before")
+    @validates("acks", mode="before")
     @classmethod
     def _acks(cls, value: Any) -> Any:
         # YAML gives 1, env gives "1"; both mean the same and "-1" is "all".
@@ -441,25 +433,25 @@ class KafkaSettings(_Section):
         )
 
 
-class RouteSettings(_Section):
-    name: str = Field(
+class RouteSettings(Section):
+    name: str = field(
         min_length=1,
         pattern=r"^[A-Za-z0-9_-]+$",
         description="Names the route in logs and in the NATS message id of its copies "
         "({id}@{name}); letters, digits, - and _",
     )
-    when: str = Field(
+    when: str = field(
         min_length=1,
         description="CEL expression over object, oldObject and type (as a filter): the "
         "event goes to this route when it holds, e.g. "
         "object.metadata.namespace.startsWith('team-a')",
     )
-    topic: str | None = Field(
+    topic: str | None = field(
         default=None,
         min_length=1,
         description="Kafka sink: the route's topic (placeholders as sink.kafka.topic)",
     )
-    subject_prefix: str | None = Field(
+    subject_prefix: str | None = field(
         default=None,
         min_length=1,
         description="NATS sink: what replaces the leading 'k8s' token of the event's "
@@ -467,7 +459,7 @@ class RouteSettings(_Section):
         ".{name}); sink.nats.subjects must hold it",
     )
 
-    @field_validator("subject_prefix")
+    @validates("subject_prefix")
     @classmethod
     def _subject_prefix(cls, value: str | None) -> str | None:
         if value is not None and (
@@ -479,71 +471,67 @@ class RouteSettings(_Section):
         return value
 
 
-class SinkSettings(_Section):
+class SinkSettings(Section):
     kind: Literal["nats", "kafka", "stdout"]
-    max_batch: int = Field(default=500, gt=0, description="At most this many events per publish")
-    linger: float = Field(
+    max_batch: int = field(default=500, gt=0, description="At most this many events per publish")
+    linger: float = field(
         default=0.001,
         ge=0,
         le=0.05,
         description="Seconds to wait for more events before publishing a batch",
     )
-    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] = Field(
+    poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] = field(
         default="truncate",
         description="An event the bus refuses for good: truncate (publish it cut to its "
         "metadata, same id), skip, fail (stop that resource, not-ready), or deadLetter "
         "(truncate, and the whole event to sink.kafka.deadLetterTopic or "
         "sink.nats.deadLetterSubject with headers saying why)",
     )
-    nats: NatsSettings = Field(default_factory=NatsSettings)
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    routes: list[RouteSettings] = Field(
+    nats: NatsSettings = field(default_factory=NatsSettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    routes: list[RouteSettings] = field(
         default_factory=list,
         description="Routes by content: each event goes to the route(s) whose 'when' holds "
         "(see routing), and to the default destination (sink.kafka.topic, or the k8s. "
         "subjects) when none does; [] = every event to the default",
     )
-    routing: Literal["first", "all"] = Field(
+    routing: Literal["first", "all"] = field(
         default="first",
         description="first: the event goes to the first route whose 'when' holds; all: to "
         "every route whose 'when' holds",
     )
 
-    @model_validator(mode="after")
+    @check
     def _routes_compile(self) -> SinkSettings:
         seen: set[str] = set()
         for i, route in enumerate(self.routes):
             if route.name in seen:
-                raise PydanticCustomError(
-                    "keyed_error", f"sink.routes[{i}].name: {route.name!r} names two routes"
-                )
+                raise KeyedError(f"sink.routes[{i}].name: {route.name!r} names two routes")
             seen.add(route.name)
             try:
                 compile_filter(route.when)
             except ConfigError as e:
-                raise PydanticCustomError(
-                    "keyed_error", f"sink.routes[{i}].when (route {route.name!r}): {e}"
-                ) from None
+                raise KeyedError(f"sink.routes[{i}].when (route {route.name!r}): {e}") from None
         return self
 
 
 # --- checkpoint, informer, server, logging ----------------------------------------
 
 
-class CheckpointKafkaSettings(_Section):
-    topic: str = Field(
+class CheckpointKafkaSettings(Section):
+    topic: str = field(
         default="k8s-bridge-checkpoints",
         min_length=1,
         description="Compacted topic of the checkpoint, in the sink's Kafka cluster; created "
         "with one partition and cleanup.policy=compact if missing",
     )
-    replication_factor: int | None = Field(
+    replication_factor: int | None = field(
         default=None,
         gt=0,
         description="Replicas of the topic when the bridge creates it; omitted: 3, or the "
         "number of brokers if fewer",
     )
-    timeout: float = Field(
+    timeout: float = field(
         default=30.0,
         gt=0,
         description="Seconds a checkpoint write (acks=all) or the read at start may take "
@@ -551,38 +539,38 @@ class CheckpointKafkaSettings(_Section):
     )
 
 
-class CheckpointSettings(_Section):
+class CheckpointSettings(Section):
     kind: Literal["sqlite", "memory", "nats-kv", "kafka"] = "sqlite"
     path: str = "./k8s-bridge-state.db"
     bucket: str = "k8s-bridge"
-    kafka: CheckpointKafkaSettings = Field(default_factory=CheckpointKafkaSettings)
-    sync_write_ahead: bool = Field(
+    kafka: CheckpointKafkaSettings = field(default_factory=CheckpointKafkaSettings)
+    sync_write_ahead: bool = field(
         default=True,
         description="sqlite: fsync each write-ahead batch (synchronous=FULL for it), so the "
         "rows of events on their way survive an OS crash or power loss; off, a power loss "
         "may drop them and the deletes of those objects made while down go unpublished",
     )
-    commit_interval: float = Field(
+    commit_interval: float = field(
         default=1.0, gt=0, description="Seconds between checkpoint commits (watermark + digests)"
     )
-    flush_interval: float | None = Field(
+    flush_interval: float | None = field(
         default=None,
         gt=0,
         description="Deprecated: the old name of commitInterval, still honoured",
-        json_schema_extra={"deprecated": True},
+        deprecated=True,
     )
-    flush_events: int | None = Field(
+    flush_events: int | None = field(
         default=None,
         gt=0,
         description="Deprecated and ignored: events publish at once; see sink.maxBatch",
-        json_schema_extra={"deprecated": True},
+        deprecated=True,
     )
 
-    @model_validator(mode="after")
+    @check
     def _old_names(self) -> CheckpointSettings:
         # The old key keeps working (a config written for an older release still
         # runs), unless the new one is given too: then the new one wins.
-        if self.flush_interval is not None and "commit_interval" not in self.model_fields_set:
+        if self.flush_interval is not None and "commit_interval" not in fields_set(self):
             self.commit_interval = self.flush_interval
         return self
 
@@ -595,7 +583,7 @@ class CheckpointSettings(_Section):
                 " checkpoint commits, now named checkpoint.commitInterval"
                 + (
                     " (both are set: commitInterval wins)"
-                    if "commit_interval" in self.model_fields_set
+                    if "commit_interval" in fields_set(self)
                     else ""
                 )
             )
@@ -607,16 +595,16 @@ class CheckpointSettings(_Section):
         return lines
 
 
-class InformerSettings(_Section):
-    slim: bool = Field(
+class InformerSettings(Section):
+    slim: bool = field(
         default=True,
         description="Keep only uid/resourceVersion/fingerprint per object (off: whole objects)",
     )
-    page_size: int = Field(default=500, gt=0)
+    page_size: int = field(default=500, gt=0)
     watch_list: Literal["auto", "on", "off"] = "auto"
-    resync_period: float | None = Field(default=None, gt=0)
-    max_queued: int = Field(default=100, gt=0)
-    list_pace_seconds: float | None = Field(
+    resync_period: float | None = field(default=None, gt=0)
+    max_queued: int = field(default=100, gt=0)
+    list_pace_seconds: float | None = field(
         default=30.0,
         ge=0,
         description="A LIST body is read only as fast as the FIFO has room, for this many"
@@ -624,18 +612,18 @@ class InformerSettings(_Section):
         " held as bytes, within the API server's request timeout (60 s by default)."
         " null: never pace",
     )
-    unhealthy_after: float = Field(
+    unhealthy_after: float = field(
         default=60.0,
         gt=0,
         description="Seconds without a working list/watch of a resource before /readyz says 503",
     )
-    gc_freeze: bool = Field(
+    gc_freeze: bool = field(
         default=True,
         description="Once every resource has synced, hand the C heap's free pages back to the"
         " OS (glibc's malloc_trim, after one full collection); `k8s-bridge run` only",
     )
     # What it earns: BENCHMARKS.md, "Process tuning".
-    gc_threshold: int | None = Field(
+    gc_threshold: int | None = field(
         default=50_000,
         gt=0,
         description="The cyclic GC's young-generation threshold (gc.set_threshold), set by"
@@ -643,23 +631,23 @@ class InformerSettings(_Section):
     )
 
 
-class ServerSettings(_Section):
+class ServerSettings(Section):
     host: str = "0.0.0.0"
-    port: int = Field(default=8080, ge=0, le=65535)
-    control_auth: Literal["kubernetes", "token", "none"] | None = Field(
+    port: int = field(default=8080, ge=0, le=65535)
+    control_auth: Literal["kubernetes", "token", "none"] | None = field(
         default=None,
         description="Who may call POST /snapshot: kubernetes (the caller's bearer token,"
         " checked with a TokenReview and a SubjectAccessReview for 'post' on the"
         " non-resource URL /snapshot), token (server.controlToken), none (anyone who"
         " reaches the port). Omitted: token when controlToken is set, else kubernetes",
     )
-    control_token: SecretStr | None = Field(
+    control_token: SecretStr | None = field(
         default=None,
         description="The bearer token POST /snapshot wants with controlAuth token"
         " (k8s-bridge snapshot sends it from the same config)",
     )
 
-    @model_validator(mode="after")
+    @check
     def _token_fits_auth(self) -> ServerSettings:
         # Whole-section check, so the error names the key without echoing the secret.
         auth, token = self.control_auth, self.control_token
@@ -676,7 +664,7 @@ class ServerSettings(_Section):
                 " not be checked; remove one of them"
             )
         if problem is not None:
-            raise PydanticCustomError("keyed_error", problem)
+            raise KeyedError(problem)
         return self
 
     @property
@@ -687,8 +675,8 @@ class ServerSettings(_Section):
         return "token" if self.control_token is not None else "kubernetes"
 
 
-class HealthSettings(_Section):
-    stall_seconds: float = Field(
+class HealthSettings(Section):
+    stall_seconds: float = field(
         default=60.0,
         ge=0,
         description="Seconds an event may wait for the bus's ack (the oldest one, as"
@@ -700,36 +688,35 @@ class HealthSettings(_Section):
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-class TracingSettings(_Section):
-    otlp_endpoint: str | None = Field(
+class TracingSettings(Section):
+    otlp_endpoint: str | None = field(
         default=None,
         min_length=1,
         description="OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): one span"
         " per published batch, exported there, and its traceparent on every event; omitted:"
         " tracing off (nothing of OpenTelemetry is imported)",
     )
-    service_name: str = Field(default="k8s-bridge", min_length=1)
-    headers: dict[str, str] = Field(
+    service_name: str = field(default="k8s-bridge", min_length=1)
+    headers: dict[str, str] = field(
         default_factory=dict, description="HTTP headers of each export (e.g. authorization)"
     )
 
-    @field_validator("otlp_endpoint")
+    @validates("otlp_endpoint")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
-            raise PydanticCustomError(
-                "keyed_error",
+            raise KeyedError(
                 f"tracing.otlpEndpoint: {value!r} is not an http(s) URL (OTLP over HTTP, e.g."
                 " http://collector:4318/v1/traces)",
             )
         return value
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     format: Literal["auto", "json", "console"] = "auto"
     level: str = "info"
 
-    @field_validator("level")
+    @validates("level")
     @classmethod
     def _level(cls, value: str) -> str:
         level = value.strip().lower()
@@ -740,35 +727,35 @@ class LoggingSettings(_Section):
         return level
 
 
-class LeaderElectionSettings(_Section):
+class LeaderElectionSettings(Section):
     enabled: bool = False
-    lease_name: str = Field(default="k8s-bridge", min_length=1)
-    namespace: str = Field(default="default", min_length=1)
-    identity: str | None = Field(default=None, description="omitted: hostname + random suffix")
-    lease_duration: float = Field(default=15, gt=0)
-    renew_deadline: float = Field(default=10, gt=0)
-    retry_period: float = Field(default=2, gt=0)
+    lease_name: str = field(default="k8s-bridge", min_length=1)
+    namespace: str = field(default="default", min_length=1)
+    identity: str | None = field(default=None, description="omitted: hostname + random suffix")
+    lease_duration: float = field(default=15, gt=0)
+    renew_deadline: float = field(default=10, gt=0)
+    retry_period: float = field(default=2, gt=0)
 
-    @field_validator("renew_deadline")
+    @validates("renew_deadline")
     @classmethod
-    def _renew_below_lease(cls, value: float, info: Any) -> float:
+    def _renew_below_lease(cls, value: float, data: Mapping[str, Any]) -> float:
         # Same rule as client-go: a leader must give up before a rival may take over.
-        lease = info.data.get("lease_duration")
+        lease = data.get("lease_duration")
         if lease is not None and value >= lease:
             raise ValueError(f"must be less than leaseDuration ({lease:g})")
         return value
 
-    @field_validator("retry_period")
+    @validates("retry_period")
     @classmethod
-    def _retry_below_renew(cls, value: float, info: Any) -> float:
-        renew = info.data.get("renew_deadline")
+    def _retry_below_renew(cls, value: float, data: Mapping[str, Any]) -> float:
+        renew = data.get("renew_deadline")
         if renew is not None and value >= renew:
             raise ValueError(f"must be less than renewDeadline ({renew:g})")
         return value
 
 
-class ShardingSettings(_Section):
-    by: Literal["resource", "uid", "namespace"] = Field(
+class ShardingSettings(Section):
+    by: Literal["resource", "uid", "namespace"] = field(
         default="resource",
         description="How replicas split the work: resource (each replica watches whole"
         " resources, sha256(apiVersion/kind) mod shards), uid or namespace (every replica"
@@ -776,18 +763,18 @@ class ShardingSettings(_Section):
         " metadata.uid / metadata.namespace falls in its slice; server-side when the API"
         " server honours shardSelector, else filtered here)",
     )
-    shards: int = Field(default=1, ge=1)
-    shard_index: int = Field(
+    shards: int = field(default=1, ge=1)
+    shard_index: int = field(
         default=0,
         ge=0,
         description="This replica's shard, 0 to shards-1 (the chart's sharding.replicas"
         " mode sets it from the StatefulSet pod index)",
     )
 
-    @field_validator("shard_index")
+    @validates("shard_index")
     @classmethod
-    def _index_below_shards(cls, value: int, info: Any) -> int:
-        shards = info.data.get("shards")
+    def _index_below_shards(cls, value: int, data: Mapping[str, Any]) -> int:
+        shards = data.get("shards")
         if shards is not None and value >= shards:
             raise ValueError(f"must be less than shards ({shards})")
         return value
@@ -803,34 +790,25 @@ class ShardingSettings(_Section):
 # --- the whole ---------------------------------------------------------------
 
 
-class Settings(BaseModel):
+class Settings(Section):
     """The whole configuration. Build it with ``load_settings``.
 
-    A plain model, not a pydantic-settings one: ``load_settings`` reads the
-    ``BRIDGE_*`` environment itself (the same way for every key, with the variable
-    named in errors), and the settings package would cost an idle bridge ~6 MiB of
-    modules (dotenv, zipfile, argparse…) for nothing more."""
+    ``load_settings`` reads the ``BRIDGE_*`` environment itself, the same way for
+    every key, with the variable named in errors."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        validate_default=True,
-    )
-
-    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
-    resources: list[ResourceSettings] = Field(min_length=1)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    resources: list[ResourceSettings] = field(min_length=1)
     sink: SinkSettings
-    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
-    informer: InformerSettings = Field(default_factory=InformerSettings)
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    health: HealthSettings = Field(default_factory=HealthSettings)
-    logging: LoggingSettings = Field(default_factory=LoggingSettings)
-    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
-    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
-    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    informer: InformerSettings = field(default_factory=InformerSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+    sharding: ShardingSettings = field(default_factory=ShardingSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
-    @model_validator(mode="after")
+    @check
     def _exactly_once_fits(self) -> Settings:
         k = self.sink.kafka
         if self.sink.kind != "kafka" or not k.exactly_once:
@@ -847,10 +825,10 @@ class Settings(BaseModel):
         elif k.acks != "all":
             problem = f"sink.kafka.exactlyOnce: needs sink.kafka.acks all (it is {k.acks})"
         if problem is not None:
-            raise PydanticCustomError("keyed_error", problem)
+            raise KeyedError(problem)
         return self
 
-    @model_validator(mode="after")
+    @check
     def _dead_letters_have_a_destination(self) -> Settings:
         policies = [("sink.poisonPolicy", self.sink.poison_policy)] + [
             (f"resources[{i}].poisonPolicy", r.poison_policy) for i, r in enumerate(self.resources)
@@ -867,23 +845,22 @@ class Settings(BaseModel):
         elif kind == "nats" and self.sink.nats.dead_letter_subject is None:
             problem = f"{key}: deadLetter needs sink.nats.deadLetterSubject"
         if problem is not None:
-            raise PydanticCustomError("keyed_error", problem)
+            raise KeyedError(problem)
         return self
 
-    @model_validator(mode="after")
+    @check
     def _resource_routes_exist(self) -> Settings:
         names = {r.name for r in self.sink.routes}
         for i, res in enumerate(self.resources):
             unknown = [n for n in res.routes or () if n not in names]
             if unknown:
-                raise PydanticCustomError(
-                    "keyed_error",
+                raise KeyedError(
                     f"resources[{i}].routes: {unknown[0]!r} is not the name of one of"
                     f" sink.routes ({', '.join(sorted(names)) or 'none configured'})",
                 )
         return self
 
-    @model_validator(mode="after")
+    @check
     def _routes_fit_the_sink(self) -> Settings:
         kind = self.sink.kind
         for i, route in enumerate(self.sink.routes):
@@ -908,14 +885,14 @@ class Settings(BaseModel):
                         f" route's events; add '{route.subject_prefix}.>' to them"
                     )
             if problem is not None:
-                raise PydanticCustomError("keyed_error", problem)
+                raise KeyedError(problem)
         return self
 
     @property
     def transactional_id_prefix(self) -> str:
         return self.sink.kafka.transactional_id_prefix or f"k8s-bridge.{self.cluster.name}"
 
-    @field_validator("resources")
+    @validates("resources")
     @classmethod
     def _no_resource_twice(cls, resources: list[ResourceSettings]) -> list[ResourceSettings]:
         # Two entries watching the same objects would publish each change twice.
@@ -928,8 +905,7 @@ class Settings(BaseModel):
             for earlier in seen.setdefault(res.selects(), []):
                 overlap = _namespace_overlap(resources[earlier].namespaces, res.namespaces)
                 if overlap is not None:
-                    raise PydanticCustomError(
-                        "duplicate_resource",
+                    raise KeyedError(
                         f"resources[{earlier}] and resources[{index}] both watch {res.gvk} "
                         f"with the same selectors {overlap}: each change would be published "
                         "twice; merge them or make their namespaces disjoint",
@@ -939,9 +915,9 @@ class Settings(BaseModel):
 
     def __init__(self, **data: Any) -> None:
         # Built in code (tests, tools), the settings still take BRIDGE_* from the
-        # environment, under what is passed; load_settings validates with
-        # model_validate, which has read the environment already.
-        super().__init__(**_merge(_normalize(Settings, _env_tree(os.environ)[0]), data))
+        # environment, under what is passed; load_settings validates past __init__,
+        # having read the environment already.
+        super().__init__(**_merge(normalize(Settings, _env_tree(os.environ)[0]), data))
 
 
 def _namespace_overlap(a: list[str], b: list[str]) -> str | None:
@@ -965,22 +941,20 @@ def load_settings(
 ) -> Settings:
     """Read ``path`` (YAML), apply ``BRIDGE_*`` from ``env`` (default: the process
     environment), then ``overrides``; validate. Raises ``ConfigError`` (one line)."""
-    data: dict[str, Any] = _normalize(Settings, _read_yaml(path)) if path is not None else {}
+    data: dict[str, Any] = normalize(Settings, _read_yaml(path)) if path is not None else {}
     env_tree, env_origins = _env_tree(os.environ if env is None else env)
     data = _merge(data, env_tree)
     if overrides:
-        data = _merge(data, _normalize(Settings, _expand_dotted(overrides)))
+        data = _merge(data, normalize(Settings, _expand_dotted(overrides)))
     try:
-        return Settings.model_validate(data)
-    except ValidationError as exc:
+        return validate(Settings, data)
+    except SectionError as exc:
         raise ConfigError(_format_errors(exc, env_origins)) from None
 
 
 def settings_json_schema() -> dict[str, Any]:
     """JSON Schema of the config file (YAML spelling), for ``k8s-bridge config schema``."""
-    schema = Settings.model_json_schema(by_alias=True)
-    schema.setdefault("title", "k8s-bridge configuration")
-    return schema
+    return json_schema(Settings)
 
 
 def resources_for_shard(settings: Settings) -> list[ResourceSettings]:
@@ -1046,72 +1020,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return loaded
 
 
-# --- model walking (keys in any spelling → YAML spelling) --------------------------
-
-
-def _model_in(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """(model class, is a list of it) found in a field annotation, if any."""
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found[0] is not None:
-                return found
-        return None, False
-    if origin is list:
-        args = typing.get_args(annotation)
-        inner = _model_in(args[0])[0] if args else None
-        return inner, inner is not None
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    return None, False
-
-
-def _is_list(annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        return any(_is_list(a) for a in typing.get_args(annotation))
-    return origin is list
-
-
-def _field(
-    model: type[BaseModel], key: str, *, loose: bool = False
-) -> tuple[str, FieldInfo] | None:
-    """Find ``key`` (camelCase or snake_case) in ``model``; return its YAML spelling.
-
-    ``loose`` also ignores case and underscores, for environment variable names."""
-    for name, info in model.model_fields.items():
-        alias = info.alias or name
-        if key in (name, alias):
-            return alias, info
-    if loose:
-        wanted = key.lower().replace("_", "")
-        for name, info in model.model_fields.items():
-            alias = info.alias or name
-            if wanted in (name.lower().replace("_", ""), alias.lower()):
-                return alias, info
-    return None
-
-
-def _normalize(model: type[BaseModel], data: Any) -> Any:
-    if not isinstance(data, dict):
-        return data
-    out: dict[Any, Any] = {}
-    for key, value in data.items():
-        found = _field(model, key) if isinstance(key, str) else None
-        if found is None:
-            out[key] = value  # validation reports it as unknown
-            continue
-        alias, info = found
-        sub, is_list = _model_in(info.annotation)
-        if sub is not None and is_list and isinstance(value, list):
-            value = [_normalize(sub, item) for item in value]
-        elif sub is not None and is_list and isinstance(value, dict):
-            value = {k: _normalize(sub, v) for k, v in value.items()}  # indexed, from env
-        elif sub is not None:
-            value = _normalize(sub, value)
-        out[alias] = value
-    return out
+# --- keys in any spelling → YAML spelling ------------------------------------------
 
 
 def _expand_dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -1156,7 +1065,7 @@ def _env_tree(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[_Path, str]]
         if not all(parts):
             raise ConfigError(f"config error: {name}: malformed variable name")
         path: list[str | int] = []
-        model: type[BaseModel] | None = Settings
+        model: type[Section] | None = Settings
         annotation: Any = None
         in_list = False
         for part in parts:
@@ -1164,15 +1073,14 @@ def _env_tree(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[_Path, str]]
                 path.append(int(part))
                 in_list = False
                 continue
-            found = _field(model, part, loose=True) if model is not None else None
+            found = find_field(model, part, loose=True) if model is not None else None
             if found is None:
                 path.append(to_camel(part.lower()))
                 model, annotation, in_list = None, None, False
                 continue
-            alias, info = found
-            path.append(alias)
-            annotation = info.annotation
-            model, in_list = _model_in(annotation)
+            path.append(found.alias)
+            annotation = found.annotation
+            model, in_list = section_in(annotation)
         value = _env_value(name, raw, annotation)
         node: dict[Any, Any] = tree
         for key in path[:-1]:
@@ -1195,7 +1103,7 @@ def _env_value(name: str, raw: str, annotation: Any) -> Any:
             raise ConfigError(
                 f"config error: {name}: {raw!r} is not valid JSON ({exc.msg})"
             ) from None
-    if annotation is not None and _is_list(annotation):
+    if annotation is not None and is_list(annotation):
         return [item.strip() for item in text.split(",") if item.strip()]
     return raw
 
@@ -1203,30 +1111,20 @@ def _env_value(name: str, raw: str, annotation: Any) -> Any:
 # --- error messages ------------------------------------------------------------
 
 
-def _dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
 def _literal_choices(loc: tuple[Any, ...]) -> list[str] | None:
-    """Allowed values of the Literal field at ``loc``, walking the models."""
-    model: type[BaseModel] | None = Settings
+    """Allowed values of the Literal field at ``loc``, walking the sections."""
+    model: type[Section] | None = Settings
     annotation: Any = None
     for part in loc:
         if isinstance(part, int):
             continue
         if model is None:
             return None
-        found = _field(model, str(part))
+        found = find_field(model, str(part))
         if found is None:
             return None
-        annotation = found[1].annotation
-        model = _model_in(annotation)[0]
+        annotation = found.annotation
+        model = section_in(annotation)[0]
     choices: list[str] = []
 
     def collect(ann: Any) -> None:
@@ -1241,34 +1139,22 @@ def _literal_choices(loc: tuple[Any, ...]) -> list[str] | None:
     return choices or None
 
 
-def _unknown_key_hint(loc: tuple[Any, ...]) -> str:
-    model: type[BaseModel] | None = Settings
-    for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
-            continue
-        found = _field(model, str(part))
-        model = _model_in(found[1].annotation)[0] if found else None
-    if model is None or not isinstance(loc[-1], str):
-        return ""
-    names = [info.alias or name for name, info in model.model_fields.items()]
-    close = difflib.get_close_matches(loc[-1], names, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 def _describe(err: Any) -> str:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = tuple(err["loc"])
     kind = err["type"]
     value = err.get("input")
-    key = _dotted(loc)
+    key = dotted(loc)
     if kind == "extra_forbidden":
-        return f"{key}: unknown key{_unknown_key_hint(loc)}"
+        return f"{key}: unknown key{did_you_mean(Settings, loc)}"
     if kind == "missing":
         if loc == ("resources",):
             return "resources: required key is missing (at least one resource is required)"
         return f"{key}: required key is missing"
     if kind == "literal_error":
         choices = _literal_choices(loc)
-        allowed = ", ".join(choices) if choices else err.get("ctx", {}).get("expected", "")
+        allowed = (
+            ", ".join(choices) if choices else str(err["msg"]).removeprefix("Input should be ")
+        )
         return f"{key}: {value!r} is not one of {allowed}"
     if kind == "too_short" and loc == ("resources",):
         return "resources: at least one resource is required"
@@ -1278,14 +1164,13 @@ def _describe(err: Any) -> str:
         return f"{key}.{err['msg']}"
     message = str(err["msg"])
     if kind == "value_error":
-        message = message.removeprefix("Value error, ")
         return f"{key}: {value!r} {message}"
     return f"{key}: {value!r} is invalid: {message[:1].lower()}{message[1:]}"
 
 
-def _format_errors(exc: ValidationError, env_origins: Mapping[_Path, str]) -> str:
+def _format_errors(exc: SectionError, env_origins: Mapping[_Path, str]) -> str:
     parts = []
-    for err in exc.errors(include_url=False):
+    for err in exc.errors():
         text = _describe(err)
         loc = tuple(err["loc"])
         # Name the variable when the bad value came from the environment.

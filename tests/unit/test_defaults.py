@@ -11,9 +11,9 @@ import inspect
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from bridge.delivery.pipeline import PipelineSettings
+from bridge.ground.sections import Section, fields_of
 from bridge.service.settings import InformerSettings, KafkaSettings, NatsSettings, SinkSettings
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.nats import NatsSink
@@ -27,10 +27,10 @@ def init_defaults(cls: type) -> dict[str, Any]:
     }
 
 
-def model_defaults(model: type[BaseModel]) -> dict[str, Any]:
+def model_defaults(model: type[Section]) -> dict[str, Any]:
     out = {}
-    for name, field in model.model_fields.items():
-        value = field.get_default(call_default_factory=True)
+    for name, field in fields_of(model).items():
+        value = field.get_default()
         out[name] = list(value) if isinstance(value, tuple) else value
     return out
 

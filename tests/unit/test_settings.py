@@ -510,3 +510,44 @@ def test_tracing_is_off_by_default_and_wants_an_http_endpoint(tmp_path: Path) ->
         "config error: tracing.otlpEndpoint: 'collector:4317' is not an http(s) URL (OTLP over"
         " HTTP, e.g. http://collector:4318/v1/traces)"
     )
+
+
+# --- built in code ------------------------------------------------------------------
+
+
+def test_sections_built_in_code_are_validated_like_a_file() -> None:
+    from bridge.ground.sections import SectionError
+    from bridge.service.settings import KafkaSettings, ResourceSettings, SinkSettings
+
+    with pytest.raises(SectionError, match="lingerMs: Input should be greater than or equal"):
+        KafkaSettings(linger_ms=-1)
+    with pytest.raises(ValueError, match="kind: required key is missing"):
+        ResourceSettings(api_version="v1")
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        ResourceSettings(api_version="v1", kind="Pod", bogus=1)  # type: ignore[call-arg]
+    # Nested sections from mappings in either spelling, loose scalars converted.
+    sink = SinkSettings(kind="kafka", kafka={"lingerMs": "5", "enable_idempotence": "no"})  # type: ignore[arg-type]
+    assert sink.kafka.linger_ms == 5 and sink.kafka.enable_idempotence is False
+    assert ResourceSettings(api_version="v1", kind="Pod", group=None).api_group is None  # type: ignore[call-arg]
+
+
+def test_sections_compare_by_value_and_are_not_hashable() -> None:
+    from bridge.service.settings import ResourceSettings
+
+    a = ResourceSettings(api_version="v1", kind="Pod")
+    assert a == ResourceSettings(api_version="v1", kind="Pod")
+    assert a != ResourceSettings(api_version="v1", kind="Node")
+    with pytest.raises(TypeError):
+        hash(a)
+
+
+def test_replace_copies_a_section_with_changes() -> None:
+    from bridge.ground.sections import fields_set, replace
+    from bridge.service.settings import ResourceSettings
+
+    entry = ResourceSettings(api_group="apps", kinds=["*"], namespaces=["a"])
+    one = replace(entry, api_version="apps/v1", kind="Deployment", api_group=None, kinds=[])
+    assert (one.gvk, one.namespaces, one.selects_kinds) == ("apps/v1/Deployment", ["a"], False)
+    assert entry.kinds == ["*"] and "kind" in fields_set(one)
+    with pytest.raises(TypeError):
+        replace(entry, nonsense=1)
