@@ -5,7 +5,8 @@ Why not aiohttp's server: the bridge answers four fixed paths, and aiohttp.web
 cost an idle process 18 modules and about 2 MiB (docs/sizing.md). What this
 keeps of HTTP: persistent connections (Prometheus reuses its connection from
 scrape to scrape) closed after ``keepalive_timeout`` idle or on
-``Connection: close``, request bodies framed by ``Content-Length`` only (no
+``Connection: close`` (a new connection that asks nothing within
+``request_timeout`` is closed), request bodies framed by ``Content-Length`` only (no
 chunked uploads: 411), and limits on what a caller may send, each refused with
 its status and the connection closed: a request line over 8 KiB (414), a header
 line over 8 KiB or more than 64 header lines (431), a body over 64 KiB (413), a
@@ -63,7 +64,9 @@ class Response:
     def json(
         cls, data: Any, status: int = 200, headers: Mapping[str, str] | None = None
     ) -> Response:
-        return cls(status, json.dumps(data).encode(), "application/json", headers or {})
+        return cls(
+            status, json.dumps(data).encode(), "application/json; charset=utf-8", headers or {}
+        )
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -156,12 +159,15 @@ class HttpServer:
         self._connections[task] = True
         peer = writer.get_extra_info("peername")
         remote = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        # A new connection is opened to ask at once; only one that has been
+        # answered may wait for its next request as long as keep-alive allows.
+        idle_for = self.request_timeout
         try:
             while not self._stopping:
                 self._connections[task] = True
                 try:
                     # Idle until the first byte of the next request...
-                    async with asyncio.timeout(self.keepalive_timeout):
+                    async with asyncio.timeout(idle_for):
                         first = await reader.read(1)
                     if not first:
                         return
@@ -181,6 +187,7 @@ class HttpServer:
                 await self._write(writer, response, keep, head=request.method == "HEAD")
                 if not keep:
                     return
+                idle_for = self.keepalive_timeout
         except (TimeoutError, ConnectionError):
             pass
         finally:
@@ -243,10 +250,12 @@ class HttpServer:
             raw = first + await reader.readuntil(b"\n")
         except asyncio.LimitOverrunError as exc:
             raise _Refused(status, too_long) from exc
-        if len(raw) > MAX_LINE + 2:
+        line = raw.rstrip(b"\r\n")
+        # The stream's limit stops an endless line; this, one a byte too long.
+        if len(line) > MAX_LINE:
             raise _Refused(status, too_long)
         try:
-            return raw.rstrip(b"\r\n").decode("latin-1" if status == 431 else "ascii")
+            return line.decode("latin-1" if status == 431 else "ascii")
         except UnicodeDecodeError as exc:
             raise _Refused(400, "a request line is ASCII") from exc
 

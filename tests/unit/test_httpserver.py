@@ -134,17 +134,25 @@ async def test_an_unknown_version_is_a_505(server: HttpServer) -> None:
     assert (await ask(server, b"GET /echo HTTP/2.0\r\n\r\n"))[0] == 505
 
 
-async def test_a_request_line_over_the_limit_is_a_414(server: HttpServer) -> None:
-    target = b"/echo?q=" + b"a" * MAX_LINE
-    assert (await ask(server, b"GET " + target + b" HTTP/1.1\r\n\r\n"))[0] == 414
-    # One under the limit passes.
-    fits = b"/echo?q=" + b"a" * (MAX_LINE - len(b"GET /echo?q= HTTP/1.1") - 2)
-    assert (await ask(server, b"GET " + fits + b" HTTP/1.1\r\n\r\n"))[0] == 200
+@pytest.mark.parametrize("end", [b"\r\n", b"\n"])
+async def test_a_request_line_over_the_limit_is_a_414(server: HttpServer, end: bytes) -> None:
+    def line(length: int) -> bytes:
+        target = b"/echo?q=" + b"a" * (length - len(b"GET /echo?q= HTTP/1.1"))
+        return b"GET " + target + b" HTTP/1.1" + end + end
+
+    assert len(line(MAX_LINE)) == MAX_LINE + 2 * len(end)
+    assert (await ask(server, line(MAX_LINE)))[0] == 200
+    assert (await ask(server, line(MAX_LINE + 1)))[0] == 414
+    assert (await ask(server, line(10 * MAX_LINE)))[0] == 414
 
 
-async def test_a_header_line_over_the_limit_is_a_431(server: HttpServer) -> None:
-    raw = b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * MAX_LINE + b"\r\n\r\n"
-    assert (await ask(server, raw))[0] == 431
+@pytest.mark.parametrize("end", [b"\r\n", b"\n"])
+async def test_a_header_line_over_the_limit_is_a_431(server: HttpServer, end: bytes) -> None:
+    def header(length: int) -> bytes:
+        return b"GET /echo HTTP/1.1" + end + b"X-Big: " + b"a" * (length - 7) + end + end
+
+    assert (await ask(server, header(MAX_LINE)))[0] == 200
+    assert (await ask(server, header(MAX_LINE + 1)))[0] == 431
 
 
 async def test_too_many_headers_is_a_431(server: HttpServer) -> None:
@@ -197,6 +205,16 @@ async def test_a_slow_request_is_dropped_after_the_request_timeout(server: HttpS
     started = loop.time()
     assert await closed(reader)
     assert 0.4 <= loop.time() - started < 1.5
+
+
+async def test_a_connection_that_asks_nothing_is_closed_after_the_request_timeout(
+    server: HttpServer,
+) -> None:
+    reader, _ = await connect(server)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await closed(reader)
+    assert 0.4 <= loop.time() - started < 0.9
 
 
 async def test_an_idle_connection_is_closed_after_the_keepalive_timeout(
