@@ -8,7 +8,8 @@ Its parser stays the tests' oracle: they read what this writes with it.
 
 Each registry belongs to one instance (no module-wide default), so two bridges
 in one process never share a series. An update is an attribute add on a child
-resolved once with ``.labels(...)``; the text is built only at a scrape.
+resolved once with ``.labels(...)``; the text is built only at a scrape. No
+locks: every update and every scrape runs on the event loop's thread.
 """
 
 from __future__ import annotations
