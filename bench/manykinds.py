@@ -132,9 +132,8 @@ async def _ceiling(kubeconfig: Path, group: str, kinds: int, concurrency: int) -
 
 
 async def _bridge(kubeconfig: Path, group: str, kinds: int, ns: str) -> dict[str, float]:
-    from prometheus_client import CollectorRegistry
-
     from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.ground.prometheus import Registry
     from bridge.service.app import BridgeApp
     from bridge.service.settings import load_settings
 
@@ -154,7 +153,7 @@ async def _bridge(kubeconfig: Path, group: str, kinds: int, ns: str) -> dict[str
     original = counting.install()
     gc.collect()
     rss_before = _rss()
-    app = BridgeApp(settings, checkpoints=MemoryCheckpointStore(), registry=CollectorRegistry())
+    app = BridgeApp(settings, checkpoints=MemoryCheckpointStore(), registry=Registry())
     stop = asyncio.Event()
     start = time.perf_counter()
     runner = asyncio.create_task(app.run(stop))

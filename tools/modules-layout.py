@@ -13,7 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "bridge"
 
 # What each room holds, in one line; the modules follow.
 ROOMS = {
-    "ground": "the ground floor: envelope, checkpoint row, bus connections, config sections",
+    "ground": "the ground floor: envelope, checkpoint row, bus connections, config sections,"
+    " HTTP, metrics",
     "kube": "talking to Kubernetes (ListWatch → Reflector → RealFIFO → informer)",
     "sinks": "the Sink protocol and the buses",
     "checkpoints": "the CheckpointStore protocol and the stores",

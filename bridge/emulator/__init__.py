@@ -27,7 +27,31 @@ PUT may change it); strategic merge patch merges lists of objects by ``name``
 (and a few other keys) only; a compaction also empties the watch history at once.
 """
 
-from bridge.emulator.chaos import Chaos
-from bridge.emulator.server import Emulator, ForbidRule, RequestRecord, write_kubeconfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bridge.emulator.chaos import Chaos
+    from bridge.emulator.server import Emulator, ForbidRule, RequestRecord, write_kubeconfig
 
 __all__ = ["Chaos", "Emulator", "ForbidRule", "RequestRecord", "write_kubeconfig"]
+
+# Loaded on first use: `k8s-bridge run` builds its argument parser with the
+# emulator's options (bridge/emulator/cli.py), and must not import the server
+# (aiohttp.web) to do so.
+_HOMES = {
+    "Chaos": "bridge.emulator.chaos",
+    "Emulator": "bridge.emulator.server",
+    "ForbidRule": "bridge.emulator.server",
+    "RequestRecord": "bridge.emulator.server",
+    "write_kubeconfig": "bridge.emulator.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

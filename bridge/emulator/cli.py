@@ -8,8 +8,6 @@ import signal
 import sys
 
 from bridge.aiotasks import cancel_and_wait
-from bridge.emulator.churn import ChurnGenerator
-from bridge.emulator.server import Emulator
 from bridge.errors import BridgeError, ConfigError, listen_error
 from bridge.ground.argtypes import OneLineParser, positive_float
 
@@ -51,6 +49,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    # Here, not at the top: `k8s-bridge run` imports this module for configure_parser,
+    # and the server would bring aiohttp.web into every bridge.
+    from bridge.emulator.churn import ChurnGenerator
+    from bridge.emulator.server import Emulator
+
     emu = Emulator(
         host=args.host,
         port=args.port,

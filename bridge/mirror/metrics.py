@@ -9,50 +9,39 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
+from bridge.ground.prometheus import Family, Registry, counter_family, gauge_family
 from bridge.mirror.runner import DatabaseMirror
 
 
-class MirrorCollector(Collector):
+class MirrorCollector:
     def __init__(self, mirror: DatabaseMirror) -> None:
         self.mirror = mirror
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[Family]:
         st = self.mirror.stats
-        yield CounterMetricFamily(
-            "k8s_bridge_mirror_changes", "Changes written to PostgreSQL", value=st.changes
+        yield counter_family("k8s_bridge_mirror_changes", "Changes written to PostgreSQL").add(
+            st.changes
         )
-        yield CounterMetricFamily(
-            "k8s_bridge_mirror_transactions", "Batches committed", value=st.batches
-        )
-        yield CounterMetricFamily(
+        yield counter_family("k8s_bridge_mirror_transactions", "Batches committed").add(st.batches)
+        yield counter_family(
             "k8s_bridge_mirror_skipped",
             "Messages that are not change events of k8s-bridge, skipped",
-            value=st.skipped,
-        )
-        outages = CounterMetricFamily(
-            "k8s_bridge_mirror_outages", "Times the mirror paused", labels=["dependency"]
-        )
-        outages.add_metric(["database"], st.database_outages)
-        outages.add_metric(["bus"], st.bus_outages)
+        ).add(st.skipped)
+        outages = counter_family("k8s_bridge_mirror_outages", "Times the mirror paused")
+        outages.add(st.database_outages, [("dependency", "database")])
+        outages.add(st.bus_outages, [("dependency", "bus")])
         yield outages
-        yield GaugeMetricFamily(
-            "k8s_bridge_mirror_paused",
-            "1 while the database or the bus is unavailable",
-            value=1.0 if self.mirror.paused else 0.0,
-        )
-        yield GaugeMetricFamily(
+        yield gauge_family(
+            "k8s_bridge_mirror_paused", "1 while the database or the bus is unavailable"
+        ).add(1.0 if self.mirror.paused else 0.0)
+        yield gauge_family(
             "k8s_bridge_mirror_last_commit_timestamp_seconds",
             "Unix time of the last committed batch (0: none yet)",
-            value=st.last_commit,
-        )
+        ).add(st.last_commit)
 
 
-def mirror_registry(mirror: DatabaseMirror) -> CollectorRegistry:
-    registry = CollectorRegistry()
+def mirror_registry(mirror: DatabaseMirror) -> Registry:
+    registry = Registry()
     registry.register(MirrorCollector(mirror))
     return registry
 

@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from bridge.aiotasks import cancel_and_wait
 from bridge.checkpoints.base import CheckpointStore
 from bridge.delivery.changes import ChangeDetector, Fingerprinter
@@ -37,6 +35,7 @@ from bridge.errors import (
     SinkUnavailableError,
     TooManyRequestsError,
 )
+from bridge.ground.prometheus import Registry
 from bridge.kube.backoff import Backoff
 from bridge.kube.client import KubeClient
 from bridge.kube.discovery import ResourceInfo
@@ -142,7 +141,7 @@ class BridgeApp:
         *,
         sink: Sink | None = None,
         checkpoints: CheckpointStore | None = None,
-        registry: CollectorRegistry | None = None,
+        registry: Registry | None = None,
         on_ready: Callable[[], Awaitable[None]] | None = None,
         backoff: Callable[[], Backoff] | None = None,
         after_first_sync: Callable[[], None] | None = None,
@@ -156,7 +155,7 @@ class BridgeApp:
         self.checkpoints = checkpoints or build_checkpoints(settings, self.sink)
         # Tracing (tracing.otlpEndpoint): None when off, and OpenTelemetry never imported.
         self.tracer = tracer or build_tracer(settings.tracing, settings.sink.kind)
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or Registry()
         self.metrics = Metrics(self.registry)
         sh = settings.sharding
         self.metrics.shard_info.labels(

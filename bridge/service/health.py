@@ -4,7 +4,10 @@ control endpoint ``POST /snapshot?resource=KIND`` (bridge/delivery/snapshot.py).
 ``/healthz`` answers 200 while the event loop runs (a liveness probe that fails
 only when the process is wedged). ``/readyz`` asks the app's readiness callable
 and answers 503 with one line per failing reason, so ``kubectl describe`` and a
-curl show why. ``/metrics`` renders the instance's own registry.
+curl show why. ``/metrics`` renders the instance's own registry
+(bridge/ground/prometheus.py). The HTTP is bridge/ground/httpserver.py's: a path
+answers only its methods (405 otherwise, HEAD too), keep-alive connections
+(Prometheus keeps one from scrape to scrape) close after 75 s idle.
 
 ``POST /snapshot`` makes the bridge do work (a LIST, events on the bus), so it
 answers only POST (a scrape or a probe never triggers it), listens only where
@@ -21,10 +24,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
 from bridge.errors import SnapshotError, listen_error
+from bridge.ground.httpserver import Handler, HttpServer, Request, Response
+from bridge.ground.prometheus import CONTENT_TYPE, Registry
 from bridge.logging import get_logger
 from bridge.service.control import ControlAuth
 
@@ -40,7 +42,7 @@ class HealthServer:
         self,
         host: str,
         port: int,
-        registry: CollectorRegistry,
+        registry: Registry,
         readiness: Readiness,
         *,
         snapshot: Snapshotter | None = None,
@@ -59,15 +61,26 @@ class HealthServer:
         # The pipelines keep plain counters that are carried over once a second; a
         # scrape carries them first, so /metrics never trails what the bus acknowledged.
         self._before_scrape = before_scrape
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
+        routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
+            ("GET", "/metrics"): self._metrics,
+        }
+        if snapshot is not None:
+            routes["POST", "/snapshot"] = self._snapshot_request
+        self._server = HttpServer(host, port, routes)
+        self._started = False
+
+    @property
+    def listening(self) -> bool:
+        return self._started
 
     @property
     def port(self) -> int:
         """The bound port (the one picked by the OS when 0 was asked); valid after start()."""
-        if self._port is None:
+        if not self._started:
             raise RuntimeError("HealthServer is not started")
-        return self._port
+        return self._server.port
 
     @property
     def url(self) -> str:
@@ -75,37 +88,21 @@ class HealthServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        if self._runner is not None:
+        if self._started:
             return
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        if self._snapshot is not None:
-            app.router.add_post("/snapshot", self._snapshot_request)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port)
         try:
-            await site.start()
+            await self._server.start()
         except OSError as exc:
-            await runner.cleanup()
             # host and port come from the server section of the settings: name them.
             raise listen_error(
                 "server.host", "server.port", self._host, self._requested_port, exc
             ) from exc
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        server = site._server  # aiohttp exposes no public accessor for the bound port
-        sockets = getattr(server, "sockets", None) or []
-        self._port = sockets[0].getsockname()[1] if sockets else self._requested_port
+        self._started = True
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        if self._started:
+            self._started = False
+            await self._server.stop()
 
     async def __aenter__(self) -> HealthServer:
         await self.start()
@@ -114,28 +111,27 @@ class HealthServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def _healthz(self, _request: Request) -> Response:
+        return Response.text("ok\n")
 
-    async def _readyz(self, _request: web.Request) -> web.Response:
+    async def _readyz(self, _request: Request) -> Response:
         try:
             ready, reasons = self._readiness()
         except Exception as exc:  # a broken check must read as not ready, not as a 500
             ready, reasons = False, [f"readiness check failed: {exc!r}"]
         if ready:
-            return web.Response(text="ok\n")
+            return Response.text("ok\n")
         lines = [r.replace("\n", " ") for r in reasons] or ["not ready"]
-        return web.Response(status=503, text="\n".join(lines) + "\n")
+        return Response.text("\n".join(lines) + "\n", 503)
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self, _request: Request) -> Response:
         if self._before_scrape is not None:
             self._before_scrape()
-        body = generate_latest(self._registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(200, self._registry.exposition(), CONTENT_TYPE)
 
-    async def _snapshot_request(self, request: web.Request) -> web.Response:
+    async def _snapshot_request(self, request: Request) -> Response:
         assert self._snapshot is not None and self._control_auth is not None
-        decision = await self._control_auth.check(request.headers.get("Authorization", ""))
+        decision = await self._control_auth.check(request.headers.get("authorization", ""))
         if not decision.allowed:
             log.info(
                 "control request refused",
@@ -144,16 +140,16 @@ class HealthServer:
                 peer=request.remote,
             )
             headers = {"WWW-Authenticate": "Bearer"} if decision.status == 401 else None
-            return web.json_response(
+            return Response.json(
                 {"error": decision.message}, status=decision.status, headers=headers
             )
         resource = request.query.get("resource", "").strip()
         if not resource:
-            return web.json_response({"error": "missing ?resource=KIND"}, status=400)
+            return Response.json({"error": "missing ?resource=KIND"}, status=400)
         if decision.user:
             log.info("control request", user=decision.user, resource=resource)
         try:
             result = await self._snapshot(resource)
         except SnapshotError as e:
-            return web.json_response({"error": str(e).replace("\n", " ")}, status=e.status)
-        return web.json_response(result)
+            return Response.json({"error": str(e).replace("\n", " ")}, status=e.status)
+        return Response.json(result)

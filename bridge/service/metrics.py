@@ -1,7 +1,8 @@
 """Prometheus metrics of one bridge instance.
 
-Each app builds its own ``CollectorRegistry`` and hands it in, so two bridges
-in one process (tests, the demo) never share or collide on counters.
+Each app builds its own ``Registry`` (bridge/ground/prometheus.py) and hands it
+in, so two bridges in one process (tests, the demo) never share or collide on
+counters.
 """
 
 from __future__ import annotations
@@ -9,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from bridge.ground.prometheus import (
+    Counter,
+    Family,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    Registry,
+    gauge_family,
+)
 
 # Publishing spans sub-millisecond stdout writes to multi-second broker stalls.
 _LATENCY_BUCKETS = (
@@ -62,7 +69,7 @@ def cgroup_memory_limit(paths: tuple[Path, ...] = _CGROUP_MEMORY_LIMITS) -> int 
     return None
 
 
-class MemoryLimitCollector(Collector):
+class MemoryLimitCollector:
     """The container's memory limit, read from the cgroup at each scrape (an in-place
     resize shows at once); the family is declared without a sample when there is none."""
 
@@ -70,21 +77,18 @@ class MemoryLimitCollector(Collector):
         self.name = name
         self.paths = paths
 
-    def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)]
-
-    def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(self.name, _MEMORY_LIMIT_HELP)
+    def collect(self) -> Iterable[Family]:
+        family = gauge_family(self.name, _MEMORY_LIMIT_HELP)
         limit = cgroup_memory_limit(self.paths)
         if limit is not None:
-            family.add_metric([], limit)
+            family.add(limit)
         return [family]
 
 
 class Metrics:
     """The metric families of k8s-bridge, registered on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry, namespace: str = "k8s_bridge") -> None:
+    def __init__(self, registry: Registry, namespace: str = "k8s_bridge") -> None:
         self.registry = registry
         ns = namespace
         self.events_published = Counter(
@@ -240,13 +244,14 @@ class Metrics:
         )
         self._monitoring(registry, ns)
 
-    def _monitoring(self, registry: CollectorRegistry, ns: str) -> None:
+    def _monitoring(self, registry: Registry, ns: str) -> None:
         """What the chart's alerts and dashboard (charts/k8s-bridge/files/) read beyond
         the families above; docs/operations.md, "Alerts", says which alert reads which."""
         # process_resident_memory_bytes, process_start_time_seconds, ...: a custom
         # registry has no process collector of its own. It reads /proc at scrape time.
-        ProcessCollector(registry=registry)
-        registry.register(MemoryLimitCollector(f"{ns}_memory_limit_bytes"))
+        registry.register(ProcessCollector())
+        limit = f"{ns}_memory_limit_bytes"
+        registry.register(MemoryLimitCollector(limit), limit)
         self.synced = Gauge(
             "synced",
             "1 once the resource's first list is handled (informer synced), else 0",

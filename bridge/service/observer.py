@@ -12,10 +12,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from prometheus_client import Counter as PromCounter
-
 from bridge.delivery.heartbeat import Heartbeat
 from bridge.delivery.pipeline import ResourcePipeline
+from bridge.ground.prometheus import Counter as PromCounter
 from bridge.logging import get_logger
 from bridge.service.metrics import Metrics
 

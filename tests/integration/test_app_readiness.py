@@ -89,7 +89,7 @@ class Running:
         if self.task is not None and self.task.done():
             self.task.result()  # surface a start-up failure
         health = self.app.health
-        return health is not None and health._port is not None
+        return health is not None and health.listening
 
     async def get(self, path: str) -> tuple[int, str]:
         assert self.app.health is not None

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-from prometheus_client import CollectorRegistry
 
 from bridge.emulator import Emulator
 from bridge.emulator.server import EMULATOR_TOKEN
+from bridge.ground.prometheus import Registry
 from bridge.kube.client import KubeClient
 from bridge.kube.review import AccessReviewer
 from bridge.service.control import CONTROL_PATH, CONTROL_VERB, KubernetesAccess
@@ -100,7 +100,7 @@ async def test_the_endpoint_answers_401_403_and_200_as_the_reviews_say(
     server = HealthServer(
         "127.0.0.1",
         0,
-        CollectorRegistry(),
+        Registry(),
         lambda: (True, []),
         snapshot=snapshot,
         # Nothing cached: the forbid rule below applies to the next request.

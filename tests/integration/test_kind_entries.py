@@ -122,9 +122,8 @@ async def test_a_refresh_while_pipelines_wait_their_turn_to_list_starts_no_secon
 ) -> None:
     """At most ``start_concurrency`` pipelines list at once at start; the kind follower's
     refreshes meanwhile must count those still waiting as running."""
-    from prometheus_client import CollectorRegistry
-
     from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.ground.prometheus import Registry
     from bridge.service.app import BridgeApp
 
     kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
@@ -134,7 +133,7 @@ async def test_a_refresh_while_pipelines_wait_their_turn_to_list_starts_no_secon
         server={"host": "127.0.0.1", "port": 0},
         checkpoint={"kind": "memory"},
     )
-    app = BridgeApp(s, checkpoints=MemoryCheckpointStore(), registry=CollectorRegistry())
+    app = BridgeApp(s, checkpoints=MemoryCheckpointStore(), registry=Registry())
     app.start_concurrency = 1
     app.kinds_refresh_every = 0.05
     stop = asyncio.Event()
@@ -160,9 +159,8 @@ async def test_a_kind_registered_while_the_bridge_runs_gets_its_pipeline(
 ) -> None:
     """The emulator tier of tests/real/test_kinds_real.py: no CRD watch there (the
     emulator serves no CRDs), so the periodic refresh notices the new kind."""
-    from prometheus_client import CollectorRegistry
-
     from bridge.checkpoints.memory import MemoryCheckpointStore
+    from bridge.ground.prometheus import Registry
     from bridge.service.app import BridgeApp
     from tests.doubles.memory_sink import MemorySink
 
@@ -174,7 +172,7 @@ async def test_a_kind_registered_while_the_bridge_runs_gets_its_pipeline(
         checkpoint={"kind": "memory"},
     )
     sink = MemorySink()
-    app = BridgeApp(s, sink=sink, checkpoints=MemoryCheckpointStore(), registry=CollectorRegistry())
+    app = BridgeApp(s, sink=sink, checkpoints=MemoryCheckpointStore(), registry=Registry())
     app.kinds_refresh_every = 0.1
     stop = asyncio.Event()
     runner = asyncio.create_task(app.run(stop))

@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from bridge.emulator import Emulator
+from bridge.ground.prometheus import Registry
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
+from tests.fixtures.metrics import sample_value
 from tests.fixtures.pipeline import Harness, pod
 from tests.fixtures.waiting import until
 
 pytestmark = pytest.mark.integration
 
 
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    value = registry.get_sample_value(name, labels)
+def sample(registry: Registry, name: str, **labels: str) -> float:
+    value = sample_value(registry, name, labels)
     return 0.0 if value is None else value
 
 
@@ -26,7 +27,7 @@ async def test_restarts_relists_and_cache_size_reach_prometheus(
 ) -> None:
     for i in range(3):
         emulator.create(pod(f"m{i}"))
-    registry = CollectorRegistry()
+    registry = Registry()
     metrics = Metrics(registry)
     async with harness.running() as p:
         observer = PipelineObserver([p], metrics, progress_every=0)
@@ -80,7 +81,7 @@ async def test_filter_evaluation_errors_reach_prometheus(
     running = pod("running")
     running["status"] = {"phase": "Running"}
     emulator.create(running)
-    registry = CollectorRegistry()
+    registry = Registry()
     metrics = Metrics(registry)
     async with harness.running() as p:
         observer = PipelineObserver([p], metrics, progress_every=0)
@@ -103,7 +104,7 @@ def test_fencings_are_counted_once_across_leadership_terms() -> None:
     class Sink:
         fenced = 0
 
-    sink, registry = Sink(), CollectorRegistry()
+    sink, registry = Sink(), Registry()
     metrics = Metrics(registry)
     first = PipelineObserver([], metrics, sink=sink)
     sink.fenced = 1

@@ -18,15 +18,16 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from prometheus_client import CollectorRegistry
 
 from bridge.ground.envelope import Event
+from bridge.ground.prometheus import Registry
 from bridge.service.metrics import Metrics
 from bridge.service.observer import PipelineObserver
 from bridge.sinks.kafka import KafkaSink
 from bridge.sinks.kafka_transactions import FencedError, KafkaTransactions
 from tests.e2e.bridge_process import BridgeProcess, write_config
 from tests.fixtures.kube import KubeCluster
+from tests.fixtures.metrics import sample_value
 from tests.fixtures.realkafka import KafkaBroker
 from tests.fixtures.waiting import until
 from tests.real.kafkabus import pod, read_topic
@@ -125,9 +126,9 @@ async def test_a_new_holder_fences_the_old_and_aborts_its_open_transaction(
             # leader does not.
             fenced = {}
             for who, bus in (("old", old), ("new", new)):
-                registry = CollectorRegistry()
+                registry = Registry()
                 PipelineObserver([], Metrics(registry), sink=bus.sink).sync_metrics()
-                fenced[who] = registry.get_sample_value("k8s_bridge_producer_fenced_total")
+                fenced[who] = sample_value(registry, "k8s_bridge_producer_fenced_total")
             assert fenced == {"old": 1.0, "new": 0.0}
         finally:
             with contextlib.suppress(Exception):

@@ -12,12 +12,12 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
 from bridge.cli.main import main
 from bridge.cli.snapshot import control_bearer
 from bridge.emulator.server import write_kubeconfig
 from bridge.errors import ConfigError
+from bridge.ground.prometheus import Registry
 from bridge.service.control import (
     KubernetesAccess,
     StaticToken,
@@ -112,7 +112,7 @@ async def test_a_snapshot_endpoint_is_never_served_without_a_check() -> None:
         return {}
 
     with pytest.raises(ValueError, match="control_auth"):
-        HealthServer("127.0.0.1", 0, CollectorRegistry(), lambda: (True, []), snapshot=snapshot)
+        HealthServer("127.0.0.1", 0, Registry(), lambda: (True, []), snapshot=snapshot)
 
 
 async def test_a_refused_caller_gets_one_json_line_and_a_bearer_challenge() -> None:
@@ -125,7 +125,7 @@ async def test_a_refused_caller_gets_one_json_line_and_a_bearer_challenge() -> N
     server = HealthServer(
         "127.0.0.1",
         0,
-        CollectorRegistry(),
+        Registry(),
         lambda: (True, []),
         snapshot=snapshot,
         control_auth=StaticToken("t0ken"),
@@ -173,7 +173,7 @@ async def test_a_401_says_why_the_cli_sent_no_token(
     server = HealthServer(
         "127.0.0.1",
         port,
-        CollectorRegistry(),
+        Registry(),
         lambda: (True, []),
         snapshot=snapshot,
         control_auth=StaticToken("t0ken"),  # any check that refuses a missing token

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.ground.prometheus import Registry
 from bridge.logging import configure_logging, get_logger, reset_logging
 from bridge.service.health import HealthServer
 from bridge.service.metrics import MemoryLimitCollector, Metrics, cgroup_memory_limit
+from tests.fixtures.metrics import sample_value
 
 FAMILIES = {
     "k8s_bridge_events_published",
@@ -47,29 +48,33 @@ async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, str, str]:
 
 
 def test_two_instances_do_not_share_counters() -> None:
-    a, b = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    a, b = Metrics(Registry()), Metrics(Registry())
     a.events_published.labels(resource="v1/pods", type="added").inc(3)
     assert (
-        a.registry.get_sample_value(
-            "k8s_bridge_events_published_total", {"resource": "v1/pods", "type": "added"}
+        sample_value(
+            a.registry,
+            "k8s_bridge_events_published_total",
+            {"resource": "v1/pods", "type": "added"},
         )
         == 3
     )
     assert (
-        b.registry.get_sample_value(
-            "k8s_bridge_events_published_total", {"resource": "v1/pods", "type": "added"}
+        sample_value(
+            b.registry,
+            "k8s_bridge_events_published_total",
+            {"resource": "v1/pods", "type": "added"},
         )
         is None
     )
 
 
 def test_checkpoint_gauge_takes_numeric_rv_only() -> None:
-    metrics = Metrics(CollectorRegistry())
+    metrics = Metrics(Registry())
     metrics.set_checkpoint("v1/pods", "4711")
     metrics.set_checkpoint("v1/pods", "not-a-number")  # opaque RVs leave it as it was
     assert (
-        metrics.registry.get_sample_value(
-            "k8s_bridge_checkpoint_resource_version", {"resource": "v1/pods"}
+        sample_value(
+            metrics.registry, "k8s_bridge_checkpoint_resource_version", {"resource": "v1/pods"}
         )
         == 4711
     )
@@ -77,7 +82,7 @@ def test_checkpoint_gauge_takes_numeric_rv_only() -> None:
 
 async def test_readyz_flips_with_the_readiness_callable() -> None:
     readiness = Readiness()
-    async with HealthServer("127.0.0.1", 0, CollectorRegistry(), readiness) as server:
+    async with HealthServer("127.0.0.1", 0, Registry(), readiness) as server:
         assert server.port > 0
         async with aiohttp.ClientSession() as session:
             status, body, _ = await get(session, f"{server.url}/readyz")
@@ -98,14 +103,14 @@ async def test_readyz_reports_a_crashing_check_as_not_ready() -> None:
     def broken() -> tuple[bool, list[str]]:
         raise RuntimeError("boom")
 
-    async with HealthServer("127.0.0.1", 0, CollectorRegistry(), broken) as server:
+    async with HealthServer("127.0.0.1", 0, Registry(), broken) as server:
         async with aiohttp.ClientSession() as session:
             status, body, _ = await get(session, f"{server.url}/readyz")
     assert status == 503 and "boom" in body
 
 
 async def test_metrics_endpoint_exposes_every_family() -> None:
-    registry = CollectorRegistry()
+    registry = Registry()
     metrics = Metrics(registry)
     metrics.events_published.labels(resource="v1/pods", type="modified").inc()
     metrics.publish_latency.labels(sink="kafka").observe(0.02)
@@ -127,7 +132,7 @@ async def test_metrics_endpoint_exposes_every_family() -> None:
 
 async def test_a_scrape_carries_the_pipelines_counters_first() -> None:
     """What the bus acknowledged a moment ago is in the very next scrape, not a second later."""
-    registry = CollectorRegistry()
+    registry = Registry()
     metrics = Metrics(registry)
     acked = {"n": 0, "carried": 0}
 
@@ -144,11 +149,11 @@ async def test_a_scrape_carries_the_pipelines_counters_first() -> None:
 
 
 async def test_stop_releases_the_port() -> None:
-    server = HealthServer("127.0.0.1", 0, CollectorRegistry(), lambda: (True, []))
+    server = HealthServer("127.0.0.1", 0, Registry(), lambda: (True, []))
     await server.start()
     port = server.port
     await server.stop()
-    again = HealthServer("127.0.0.1", port, CollectorRegistry(), lambda: (True, []))
+    again = HealthServer("127.0.0.1", port, Registry(), lambda: (True, []))
     await again.start()  # the port is free again
     await again.stop()
     with pytest.raises(aiohttp.ClientError):
@@ -221,8 +226,8 @@ def test_the_memory_limit_is_the_cgroups_and_absent_without_one(
         (tmp_path / name).write_text(text)
     paths = (tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes")
     assert cgroup_memory_limit(paths) == limit
-    registry = CollectorRegistry()
+    registry = Registry()
     registry.register(MemoryLimitCollector("k8s_bridge_memory_limit_bytes", paths))
-    assert registry.get_sample_value("k8s_bridge_memory_limit_bytes") == limit
+    assert sample_value(registry, "k8s_bridge_memory_limit_bytes") == limit
     # Declared either way, so a query naming it finds the family.
-    assert "# TYPE k8s_bridge_memory_limit_bytes gauge" in generate_latest(registry).decode()
+    assert "# TYPE k8s_bridge_memory_limit_bytes gauge" in registry.exposition().decode()

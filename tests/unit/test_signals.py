@@ -10,7 +10,6 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
 from bridge.cli.check import subject_matches
 from bridge.cli.main import main
@@ -20,6 +19,7 @@ from bridge.delivery.outbox import Outbox
 from bridge.errors import ConfigError, SnapshotError
 from bridge.ground.digest import UNCERTAIN, Digest
 from bridge.ground.envelope import HEARTBEAT_TYPE, Event
+from bridge.ground.prometheus import Registry
 from bridge.service.control import StaticToken
 from bridge.service.health import HealthServer
 from bridge.service.settings import load_settings, settings_json_schema
@@ -202,7 +202,7 @@ async def test_the_snapshot_endpoint_wants_post_the_token_and_a_resource() -> No
     server = HealthServer(
         "127.0.0.1",
         0,
-        CollectorRegistry(),
+        Registry(),
         lambda: (True, []),
         snapshot=snapshot,
         control_auth=StaticToken("t0ken"),
