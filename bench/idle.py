@@ -49,7 +49,9 @@ HERE = str(Path(__file__).resolve().parent.parent)
 # What ``k8s-bridge run`` imports before it reads its settings (bridge/cli/main.py).
 RUN_IMPORTS = (
     "import bridge.cli.main, bridge.logging, bridge.service.tuning, bridge.service.app,"
-    " bridge.service.settings, bridge.sinks.stdout, bridge.checkpoints.sqlite"
+    " bridge.service.settings, bridge.sinks.stdout, bridge.checkpoints.sqlite\n"
+    # The CLI's parser is built before the settings are read: what it imports counts.
+    "bridge.cli.main.build_parser()"
 )
 FLOORS = {
     "bare interpreter": "import time; print('ready', flush=True); time.sleep(3600)",
