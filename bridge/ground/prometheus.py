@@ -241,6 +241,12 @@ class _Metric(Generic[C]):
         raise NotImplementedError
 
 
+def _one_value_each(family: Family, children: Iterable[CounterChild | GaugeChild]) -> Family:
+    """``family`` with one sample per series, a counter's or a gauge's."""
+    family.samples = [("", _braced(c.labels), c.value) for c in children]
+    return family
+
+
 class Counter(_Metric[CounterChild]):
     def _new(self, pairs: list[tuple[str, str]]) -> CounterChild:
         return CounterChild(label_pairs(pairs))
@@ -249,9 +255,7 @@ class Counter(_Metric[CounterChild]):
         self._unlabelled().inc(amount)
 
     def collect(self) -> Iterable[Family]:
-        family = counter_family(self.name, self.help)
-        family.samples = [("", _braced(c.labels), c.value) for c in self._children.values()]
-        return (family,)
+        return (_one_value_each(counter_family(self.name, self.help), self._children.values()),)
 
 
 class Gauge(_Metric[GaugeChild]):
@@ -268,9 +272,7 @@ class Gauge(_Metric[GaugeChild]):
         self._unlabelled().dec(amount)
 
     def collect(self) -> Iterable[Family]:
-        family = gauge_family(self.name, self.help)
-        family.samples = [("", _braced(c.labels), c.value) for c in self._children.values()]
-        return (family,)
+        return (_one_value_each(gauge_family(self.name, self.help), self._children.values()),)
 
 
 class Histogram(_Metric[HistogramChild]):

@@ -87,29 +87,6 @@ class SectionError(ValueError):
 
 
 @dataclass(frozen=True)
-class Field:
-    name: str
-    alias: str
-    annotation: Any
-    default: Any = MISSING
-    default_factory: Callable[[], Any] | None = None
-    description: str | None = None
-    gt: float | None = None
-    ge: float | None = None
-    le: float | None = None
-    min_length: int | None = None
-    pattern: str | None = None
-    deprecated: bool = False
-
-    @property
-    def required(self) -> bool:
-        return self.default is MISSING and self.default_factory is None
-
-    def get_default(self) -> Any:
-        return self.default_factory() if self.default_factory is not None else self.default
-
-
-@dataclass(frozen=True)
 class _Spec:
     """What ``field()`` leaves in the class body until the class's fields are read."""
 
@@ -123,6 +100,22 @@ class _Spec:
     min_length: int | None = None
     pattern: str | None = None
     deprecated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Field(_Spec):
+    """A field as read from its class: the spec, its Python name, YAML spelling and type."""
+
+    name: str
+    alias: str
+    annotation: Any
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING and self.default_factory is None
+
+    def get_default(self) -> Any:
+        return self.default_factory() if self.default_factory is not None else self.default
 
 
 def field(
@@ -222,7 +215,7 @@ def _read_class(cls: type[Section]) -> None:
         spec = cls.__dict__.get(name, MISSING)
         if not isinstance(spec, _Spec):
             spec = _Spec(default=spec)
-        kw = {k: getattr(spec, k) for k in _Spec.__dataclass_fields__ if k != "key"}
+        kw = {k: getattr(spec, k) for k in _Spec.__dataclass_fields__}
         out[name] = Field(name=name, alias=spec.key or to_camel(name), annotation=annotation, **kw)
     validators: dict[str, list[tuple[str, str, bool]]] = {}
     checks: list[str] = []

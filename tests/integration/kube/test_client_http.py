@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,18 @@ from bridge.kube.client import KubeClient
 from bridge.kube.discovery import Discovery
 
 pytestmark = pytest.mark.integration
+
+
+async def _serve_pods(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> tuple[web.AppRunner, int]:
+    """A server answering GET /api/v1/pods with ``handler``, on a free port."""
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
 
 
 async def test_client_from_the_emulators_kubeconfig(emulator: Emulator, client: KubeClient) -> None:
@@ -90,13 +103,7 @@ async def test_bearer_token_and_a_two_mib_line_over_a_dribbling_stream(tmp_path:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/api/v1/pods", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, port = await _serve_pods(handler)
     kc = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -142,12 +149,7 @@ async def test_answers_come_gzipped_only_when_compression_is_asked(
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/api/v1/pods", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
+    runner, port = await _serve_pods(handler)
     path = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
     try:
         async with await KubeClient.from_kubeconfig(str(path), compression=compression) as c:
