@@ -355,6 +355,7 @@ class BridgeApp:
             flush_interval=s.checkpoint.commit_interval,
             max_batch=s.sink.max_batch,
             linger=s.sink.linger,
+            steady_linger=s.sink.steady_linger,
             poison_policy=s.sink.poison_policy,
             slim=s.informer.slim,
             max_queued=s.informer.max_queued,

@@ -485,6 +485,15 @@ class SinkSettings(Section):
         le=0.05,
         description="Seconds to wait for more events before publishing a batch",
     )
+    steady_linger: float = field(
+        default=0.01,
+        ge=0,
+        le=1.0,
+        description="While changes come steadily, at least one per this many seconds on"
+        " average, the wait for more before publishing a batch: batches of several"
+        " changes share one write-ahead commit and one publish (less CPU per change), for"
+        " up to this much more latency; not above linger: the steady wait is off",
+    )
     poison_policy: Literal["truncate", "skip", "fail", "deadLetter"] = field(
         default="truncate",
         description="An event the bus refuses for good: truncate (publish it cut to its "

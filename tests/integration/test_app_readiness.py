@@ -420,3 +420,21 @@ async def test_a_checkpoint_store_unreachable_at_start_is_retried_not_ready(
     assert len(warnings) == 1, warnings
     # Not "leading, but ...": there is no leader election to lead in.
     assert warnings[0]["event"] == "the checkpoint store cannot be opened yet; retrying"
+
+
+async def test_the_sinks_batching_settings_reach_every_pipeline(
+    kubeconfig: Path, emulator: Emulator
+) -> None:
+    """``sink.linger``, ``sink.steadyLinger`` and ``sink.maxBatch`` are what each
+    resource's writer waits and takes (bridge/delivery/publisher.py)."""
+    settings = settings_for(
+        kubeconfig, sink={"kind": "stdout", "linger": 0.002, "steadyLinger": 0.1, "maxBatch": 7}
+    )
+    app = BridgeApp(settings, sink=MemorySink(), checkpoints=MemoryCheckpointStore())
+    async with running(app):
+        await until(lambda: len(app.pipelines) == 2, 10, lambda: "pipelines did not start")
+        got = {
+            (p.settings.linger, p.settings.steady_linger, p.settings.max_batch)
+            for p in app.pipelines
+        }
+    assert got == {(0.002, 0.1, 7)}

@@ -53,9 +53,10 @@ def test_a_sinks_defaults_are_its_settings_defaults(component: type, section: ty
 def test_the_pipelines_defaults_are_the_settings_defaults() -> None:
     p = PipelineSettings()
     sink, informer = SinkSettings(kind="stdout"), InformerSettings()
-    assert (p.max_batch, p.linger, p.poison_policy) == (
+    assert (p.max_batch, p.linger, p.steady_linger, p.poison_policy) == (
         sink.max_batch,
         sink.linger,
+        sink.steady_linger,
         sink.poison_policy,
     )
     assert (p.slim, p.max_queued, p.resync_period) == (
