@@ -204,18 +204,33 @@ class InformerFollowsEmulator(RuleBasedStateMachine):
     def quiesce(self) -> None:
         """Wait until the cache matches, then check what the handler saw."""
         want = self._emulator_state()
+        # Quiet means the reflector has read up to now, not only that the cache
+        # matches: a reflector backing off before a relist (a watch that closed at
+        # once, checklist 8) matches an empty emulator while the changes made
+        # meanwhile wait to be collapsed by that relist, counted when it starts.
+        now = self.emu.resource_version
+        reflector = self.informer.reflector
+        assert reflector is not None
+
+        def read_up_to_now() -> bool:
+            return int(reflector.last_sync_resource_version or 0) >= now
 
         async def converge() -> None:
             for _ in range(1500):
-                if self._cache_state() == want and self.informer.fifo.is_idle():
+                if (
+                    self._cache_state() == want
+                    and self.informer.fifo.is_idle()
+                    and read_up_to_now()
+                ):
                     return
                 await asyncio.sleep(0.01)
-            raise AssertionError(f"cache {self._cache_state()} never reached {want}")
+            raise AssertionError(
+                f"cache {self._cache_state()} never reached {want}"
+                f" (reflector at {reflector.last_sync_resource_version}, emulator at {now})"
+            )
 
         # Bookmarks every 0.2 s move the reflector on even after a compaction.
         self.loop.run_until_complete(converge())
-        reflector = self.informer.reflector
-        assert reflector is not None
         relists = sum(reflector.relists.values())
         # A relist (after a 410, or a watch that died at once: checklist 8, 11)
         # shows the current state: changes in between collapse, as in client-go.
