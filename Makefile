@@ -92,7 +92,10 @@ test-fast: $(BIN)/.installed tools realdeps
 demo: $(BIN)/.runtime
 	$(BIN)/k8s-bridge demo
 
+# Every benchmark, the peer one included: its collector is built first (once,
+# cached with the real servers; never by `make test`).
 bench: $(BIN)/.installed tools realdeps
+	bash tools/peers/build >/dev/null
 	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/python -m bench
 
 clean:
