@@ -76,7 +76,7 @@ types: $(BIN)/.installed
 # The built kubectl and helm come first on PATH, so no test uses whatever
 # kubectl or helm a machine happens to have.
 pytest: $(BIN)/.installed tools realdeps
-	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider
+	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider --durations=15
 
 test-real: $(BIN)/.installed tools realdeps
 	PATH="$(REALDEPS)/bin:$$PATH" $(BIN)/pytest -q -p no:cacheprovider -m real
