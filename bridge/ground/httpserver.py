@@ -115,6 +115,11 @@ class HttpServer:
         self._stopping = False
 
     @property
+    def listening(self) -> bool:
+        """Between start() and stop()."""
+        return self._server is not None
+
+    @property
     def port(self) -> int:
         """The bound port (the one the OS picked when 0 was asked); valid after start()."""
         if self._port is None:

@@ -69,16 +69,15 @@ class HealthServer:
         if snapshot is not None:
             routes["POST", "/snapshot"] = self._snapshot_request
         self._server = HttpServer(host, port, routes)
-        self._started = False
 
     @property
     def listening(self) -> bool:
-        return self._started
+        return self._server.listening
 
     @property
     def port(self) -> int:
         """The bound port (the one picked by the OS when 0 was asked); valid after start()."""
-        if not self._started:
+        if not self._server.listening:
             raise RuntimeError("HealthServer is not started")
         return self._server.port
 
@@ -88,21 +87,16 @@ class HealthServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        if self._started:
-            return
         try:
-            await self._server.start()
+            await self._server.start()  # a second start() is a no-op
         except OSError as exc:
             # host and port come from the server section of the settings: name them.
             raise listen_error(
                 "server.host", "server.port", self._host, self._requested_port, exc
             ) from exc
-        self._started = True
 
     async def stop(self) -> None:
-        if self._started:
-            self._started = False
-            await self._server.stop()
+        await self._server.stop()
 
     async def __aenter__(self) -> HealthServer:
         await self.start()
