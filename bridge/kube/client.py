@@ -103,7 +103,7 @@ class KubeClient:
         # Without it, answers come as they are (Accept-Encoding: identity). kube-apiserver
         # gzips watch streams too, one flush per event: inflating each costs the bridge
         # (and deflating costs the API server) more CPU at steady churn than the bytes
-        # saved are worth inside a cluster (BENCHMARKS.md, "Cost per change").
+        # saved are worth inside a cluster (BENCHMARKS.md, "Peers").
         self._encoding: dict[str, str] = {} if compression else {"Accept-Encoding": "identity"}
         self.host: str = endpoint.host.rstrip("/")
         connector: aiohttp.BaseConnector
