@@ -146,6 +146,29 @@ def test_unknown_key_deep_in_sink(tmp_path: Path) -> None:
     assert "sink.kafka.lingerMS: unknown key" in error_of(write(tmp_path, data))
 
 
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            {"sink": {"kind": "stdout", "linger": 0.1}},
+            "sink.linger: 0.1 is invalid: input should be less than or equal to 0.05",
+        ),
+        (
+            {"sink": {"kind": "stdout", "steadyLinger": 2}},
+            "sink.steadyLinger: 2 is invalid: input should be less than or equal to 1",
+        ),
+        (
+            {"cluster": {"name": ""}},
+            "cluster.name: '' is invalid: string should have at least 1 character",
+        ),
+    ],
+)
+def test_a_value_out_of_bounds_names_its_key_and_the_bound(
+    tmp_path: Path, override: dict[str, Any], expected: str
+) -> None:
+    assert error_of(write(tmp_path, {**MINIMAL, **override})) == f"config error: {expected}"
+
+
 def test_bad_enum_lists_the_choices(tmp_path: Path) -> None:
     message = error_of(write(tmp_path, {**MINIMAL, "sink": {"kind": "rabbit"}}))
     assert message == "config error: sink.kind: 'rabbit' is not one of nats, kafka, stdout"
